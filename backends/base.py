@@ -1,0 +1,109 @@
+"""What every backend shares: the contract, the model, the synthetic batch and one training step.
+
+A backend only sets up, steps and tears down. It never times, prints or writes: the harness
+(bench/worker.py) does that identically for all of them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# fp16 needs a GradScaler (its gradients underflow); bf16 has fp32's range and needs none.
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Backend:
+    """Base class: a single process on one device. Subclasses override ``setup`` and, for several
+    processes, ``all_gather``/``barrier``/``teardown``."""
+
+    default_precision = "fp32"
+
+    def __init__(self, name: str, launcher: str, **params):
+        self.name, self.launcher, self.params = name, launcher, params
+        self.rank, self.world_size, self.local_rank = 0, 1, 0
+
+    # -- run in the harness process, before launching: cheap, imports nothing heavy --------------
+    def unavailable(self, cfg) -> str | None:
+        """Why this backend cannot run ``cfg`` on this machine (a reason and a fix), or None."""
+        if cfg.precision == "fp16" and cfg.device_type == "cpu":
+            return "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"
+        return None
+
+    def note(self, cfg) -> str | None:
+        """Something a reader of the record must know about how this run was done, or None."""
+        return None
+
+    # -- run in every worker process ---------------------------------------------------------------
+    def setup(self, cfg) -> None:
+        self.device = device_for(cfg, 0)
+        self.init_training(cfg, build_model(cfg).to(self.device), cfg.batch_size)
+
+    def train(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+
+    def devices(self) -> list[torch.device]:
+        return [self.device]
+
+    def all_gather(self, obj) -> list:
+        return [obj]
+
+    def barrier(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass
+
+    # -- shared building blocks ----------------------------------------------------------------------
+    def init_training(self, cfg, model: torch.nn.Module, batch: int, data_device=None) -> None:
+        """Optimizer, precision and a fixed synthetic batch on ``data_device`` (the model's by default).
+
+        ``self.model`` is what is called (possibly a wrapper); ``self.module`` is the bare model whose
+        parameters the harness checksums.
+        """
+        self.model = model
+        self.module = getattr(model, "module", model)
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+        self.precision = cfg.precision
+        self.autocast_dtype = AUTOCAST_DTYPES.get(cfg.precision)
+        self.device_type = cfg.device_type
+        self.scaler = torch.amp.GradScaler(cfg.device_type) if cfg.precision == "fp16" else None
+        # Different data on every rank (as in real training), the same on every run.
+        gen = torch.Generator().manual_seed(1000 + self.rank)
+        self.inputs = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=gen)
+        self.targets = torch.randint(0, 1000, (batch,), generator=gen)
+        device = data_device or self.device
+        self.inputs, self.targets = self.inputs.to(device), self.targets.to(device)
+
+    def forward_loss(self) -> torch.Tensor:
+        with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            out = self.model(self.inputs)
+            if not isinstance(out, torch.Tensor):  # inception/googlenet return (logits, aux...) in training
+                out = out[0]
+            return F.cross_entropy(out, self.targets)
+
+    def step(self) -> None:
+        loss = self.forward_loss()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+
+
+def build_model(cfg) -> torch.nn.Module:
+    """A torchvision classification model with random weights, identical on every rank (seeded)."""
+    import torchvision
+
+    torch.manual_seed(cfg.seed)
+    return torchvision.models.get_model(cfg.model, weights=None, num_classes=1000)
+
+
+def device_for(cfg, local_index: int) -> torch.device:
+    if cfg.device_type == "cuda":
+        torch.cuda.set_device(local_index)
+        return torch.device("cuda", local_index)
+    return torch.device("cpu")

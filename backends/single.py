@@ -1,0 +1,6 @@
+"""single: one device, one process, no wrapper. The world-size-1 baseline for scaling efficiency."""
+from backends.base import Backend
+
+
+class Single(Backend):
+    max_world_size = 1

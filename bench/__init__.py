@@ -1,0 +1,1 @@
+"""A harness that measures PyTorch multi-GPU training backends with one timed loop."""

@@ -1,0 +1,240 @@
+"""Command line: ``python -m bench run | list | report | compare | baseline | loader``.
+
+Bad input ends with one line on stderr naming the bad value and the valid choices, and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import backends
+from bench.config import DEFAULTS, PRECISIONS, ConfigError, RunConfig
+
+CPU_DEFAULT_MAX_WORKERS = 4
+
+
+class UsageError(Exception):
+    pass
+
+
+def fail(msg: str, code: int = 2):
+    print(f"bench: error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Planning: backends x world sizes, validated before anything is launched.
+
+def detect_device(requested: str) -> tuple[str, int]:
+    """(device type, devices present): CUDA GPUs, or CPU cores for CPU workers."""
+    import torch
+
+    if requested not in ("auto", "cuda", "cpu"):
+        raise UsageError(f"unknown device {requested!r}; choose from auto, cuda, cpu")
+    has_cuda = torch.cuda.is_available()  # does not create a CUDA context in this process
+    if requested == "cuda" and not has_cuda:
+        raise UsageError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
+                         "use --device cpu or auto")
+    if requested == "cuda" or (requested == "auto" and has_cuda):
+        return "cuda", torch.cuda.device_count()
+    return "cpu", os.cpu_count() or 1
+
+
+def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, present: int) -> list[int]:
+    unit = "CUDA device(s)" if device_type == "cuda" else "CPU cores (one worker per core)"
+    if gpus and max_gpus:
+        raise UsageError("give --gpus (a list of world sizes) or --max-gpus (a sweep), not both")
+    if gpus:
+        try:
+            sizes = sorted({int(x) for x in gpus.split(",") if x.strip()})
+        except ValueError:
+            raise UsageError(f"--gpus {gpus!r}: expected comma-separated positive integers such as 1,2,4") from None
+    else:
+        if max_gpus in (None, "", "all"):
+            top = present if device_type == "cuda" else min(present, CPU_DEFAULT_MAX_WORKERS)
+        else:
+            try:
+                top = int(max_gpus)
+            except ValueError:
+                raise UsageError(f"--max-gpus {max_gpus!r}: expected a positive integer or 'all'") from None
+        sizes = sorted({2 ** i for i in range(top.bit_length()) if 2 ** i <= top} | ({top} if top > 0 else set()))
+    if not sizes or min(sizes) <= 0:
+        raise UsageError(f"world sizes must be positive integers, got {gpus or max_gpus!r}")
+    if max(sizes) > present:
+        raise UsageError(f"--gpus {max(sizes)}: this machine has {present} {unit}")
+    return sizes
+
+
+def parse_backends(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()] if text != "all" else backends.names()
+    unknown = [n for n in names if n not in backends.REGISTRY]
+    if unknown or not names:
+        raise UsageError(f"unknown backend {', '.join(unknown) or repr(text)}; choose from {', '.join(backends.names())}")
+    return names
+
+
+def check_model(name: str) -> None:
+    import torchvision
+
+    valid = torchvision.models.list_models(module=torchvision.models)
+    if name not in valid:
+        raise UsageError(f"unknown model {name!r}; choose a torchvision classification model: {', '.join(valid)}")
+
+
+def check_writable(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"results directory {str(directory)!r} is not writable: {e.strerror or e}") from None
+
+
+def plan(args) -> tuple[list[RunConfig], list[str]]:
+    device_type, present = detect_device(args.device)
+    sizes = world_sizes(args.gpus, args.max_gpus, device_type, present)
+    names = parse_backends(args.backends)
+    d = DEFAULTS[device_type]
+    model = args.model or d["model"]
+    check_model(model)
+    if args.precision is not None and args.precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {args.precision!r}; choose from {', '.join(PRECISIONS)}")
+    configs, notes = [], []
+    for name in names:
+        backend = backends.create(name)
+        limit = getattr(backend, "max_world_size", None)
+        for n in sizes:
+            if limit and n > limit:
+                notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world size {n}")
+                continue
+            cfg = RunConfig(
+                backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
+                image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
+                warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
+                windows=_pick(args.windows, d["windows"]), precision=args.precision or backend.default_precision,
+                timeout=args.timeout, options=backend_options(name, args),
+            ).validate()
+            cfg.note = backend.note(cfg)
+            configs.append(cfg)
+    return configs, notes
+
+
+def backend_options(name: str, args) -> dict:
+    if name == "horovod":
+        return {"compression": args.hvd_compression}
+    return {}
+
+
+def _pick(value, default):
+    return default if value is None else value
+
+
+# ---------------------------------------------------------------------------------------------------
+# Commands
+
+def cmd_run(args) -> int:
+    from bench import launch, results, summary
+
+    configs, notes = plan(args)
+    results_dir = Path(args.results)
+    check_writable(results_dir)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    env_meta = results.collect_env(horovod=_horovod_info(configs))
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    records = []
+    try:
+        for i, cfg in enumerate(configs, 1):
+            print(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} "
+                  f"{cfg.image_size}px batch {cfg.batch_size}/device {cfg.precision} ...", flush=True)
+            rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend))
+            records.append(rec)
+            print(f"    {summary.one_line(rec)}", flush=True)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {len(records)} of {len(configs)} runs finished; their records are in {results_dir}",
+              file=sys.stderr)
+        summary.print_table(records)
+        return 130
+    summary.print_table(records)
+    return 1 if any(r["status"] == "failed" for r in records) else 0
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _horovod_info(configs) -> dict | None:
+    if not any(c.backend == "horovod" for c in configs):
+        return None
+    from backends import horovod
+
+    return horovod.build_info()
+
+
+def cmd_list(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    device_type, present = detect_device(args.device)
+    d = DEFAULTS[device_type]
+    table = Table(title=f"backends ({device_type}, {present} {'GPU(s)' if device_type == 'cuda' else 'cores'})")
+    for col in ("backend", "launcher", "runs here", "why not / how to fix"):
+        table.add_column(col)
+    for name in backends.names():
+        backend = backends.create(name)
+        n = min(2, present) if getattr(backend, "max_world_size", None) != 1 else 1
+        cfg = RunConfig(backend=name, launcher=backend.launcher, world_size=n, device_type=device_type,
+                        model=d["model"], image_size=d["image_size"], batch_size=d["batch_size"], warmup=d["warmup"],
+                        steps=d["steps"], windows=d["windows"], precision=backend.default_precision,
+                        options=backend_options(name, argparse.Namespace(hvd_compression="none")))
+        why = backend.unavailable(cfg)
+        note = backend.note(cfg)
+        table.add_row(name, backend.launcher, "no" if why else "yes", why or note or "")
+    Console(width=160).print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run backends x world sizes and write one JSON record per run")
+    r.add_argument("--backends", default="all", help=f"comma-separated, or 'all' ({', '.join(backends.names())})")
+    r.add_argument("--gpus", help="comma-separated world sizes, e.g. 1,2,4 (on CPU: worker processes)")
+    r.add_argument("--max-gpus", help="sweep powers of two up to N, and N itself; 'all' = every device (default)")
+    r.add_argument("--device", default="auto", help="auto | cuda | cpu (default auto: cuda when present)")
+    r.add_argument("--model", help="torchvision classification model (default resnet50 on GPU, resnet18 on CPU)")
+    r.add_argument("--batch-size", type=int, help="per-device batch (default 64 on GPU, 8 on CPU)")
+    r.add_argument("--image-size", type=int, help="square input size in px (default 224 on GPU, 64 on CPU)")
+    r.add_argument("--warmup", type=int, help="untimed steps before the first window")
+    r.add_argument("--steps", type=int, help="steps per timed window")
+    r.add_argument("--windows", type=int, help="timed windows (raw times are kept in the record)")
+    r.add_argument("--precision", help="fp32 | fp16 | bf16 (default: the backend's own, fp32 for most)")
+    r.add_argument("--timeout", type=float, help="seconds per run before it is killed (default scales with steps)")
+    r.add_argument("--hvd-compression", default="none", choices=("none", "fp16"),
+                   help="horovod gradient compression (default none: like-for-like with fp32 DDP)")
+    r.add_argument("--results", default="results/raw", help="directory for the records (default results/raw)")
+    r.set_defaults(func=cmd_run)
+
+    ls = sub.add_parser("list", help="every registered backend, its launcher, and whether it can run here")
+    ls.add_argument("--device", default="auto")
+    ls.set_defaults(func=cmd_list)
+    return p
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except (UsageError, ConfigError) as e:
+        fail(str(e))
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

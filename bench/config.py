@@ -1,0 +1,67 @@
+"""One run's configuration: a dataclass that validates itself and travels to the workers as JSON."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+DEVICE_TYPES = ("cuda", "cpu")
+
+# Defaults that finish quickly: a real ImageNet-size run on GPU; on CPU a small model at a small
+# image size, so a 2-core machine runs the whole default suite in a few minutes.
+DEFAULTS = {
+    "cuda": {"model": "resnet50", "image_size": 224, "batch_size": 64, "warmup": 10, "steps": 10, "windows": 5},
+    "cpu": {"model": "resnet18", "image_size": 64, "batch_size": 8, "warmup": 2, "steps": 3, "windows": 3},
+}
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message is one line naming the bad value and the valid choices."""
+
+
+@dataclass
+class RunConfig:
+    backend: str
+    launcher: str
+    world_size: int
+    device_type: str
+    model: str
+    image_size: int
+    batch_size: int  # per device; the global batch is batch_size x world_size for every backend
+    warmup: int
+    steps: int  # per timed window
+    windows: int
+    precision: str = "fp32"
+    data: str = "synthetic"
+    seed: int = 0
+    timeout: float | None = None
+    note: str | None = None
+    options: dict = field(default_factory=dict)  # backend-specific knobs, recorded as they ran
+
+    def validate(self) -> "RunConfig":
+        for name in ("world_size", "image_size", "batch_size", "steps", "windows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"warmup must be a non-negative integer, got {self.warmup!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.device_type not in DEVICE_TYPES:
+            raise ConfigError(f"unknown device type {self.device_type!r}; choose from {', '.join(DEVICE_TYPES)}")
+        return self
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})

@@ -1,0 +1,79 @@
+"""Test-only fault injection, switched on by the BENCH_FAULT environment variable.
+
+    crash@rank1:step3    rank 1 exits with code 13 at its 3rd training step (counting warm-up)
+    hang@rank1[:step2]   rank 1 sleeps forever at that step (default step 1)
+    oom[@rank0][:step1]  raise torch.cuda.OutOfMemoryError, as a too-large batch would
+    diverge@rank1        after training, perturb rank 1's parameters (the replica check must catch it)
+
+Several faults are separated by commas. With BENCH_FAULT unset nothing is installed: the timed loop
+runs the backend's own ``step`` untouched.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+
+KINDS = ("crash", "hang", "oom", "diverge")
+_SPEC = re.compile(r"^(?P<kind>[a-z]+)(?:@rank(?P<rank>\d+))?(?::step(?P<step>\d+))?$")
+
+
+@dataclass
+class _One:
+    kind: str
+    rank: int
+    step: int
+
+
+class Fault:
+    def __init__(self, faults: list[_One]):
+        self.faults = faults
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Fault":
+        faults = []
+        for part in filter(None, (text or "").split(",")):
+            m = _SPEC.match(part.strip())
+            if not m or m["kind"] not in KINDS:
+                raise ValueError(f"BENCH_FAULT: cannot parse {part!r}; expected KIND[@rankR][:stepS] "
+                                 f"with KIND one of {', '.join(KINDS)}")
+            faults.append(_One(m["kind"], int(m["rank"] or 0), int(m["step"] or 1)))
+        return cls(faults)
+
+    def install(self, backend) -> None:
+        mine = [f for f in self.faults if f.rank == backend.rank and f.kind in ("crash", "hang", "oom")]
+        if not mine:
+            return
+        original, count = backend.step, [0]
+
+        def step():
+            count[0] += 1
+            for f in mine:
+                if f.step == count[0]:
+                    _trigger(f)
+            original()
+
+        backend.step = step
+
+    def after_training(self, backend) -> None:
+        import torch
+
+        for f in self.faults:
+            if f.kind == "diverge" and f.rank == backend.rank:
+                with torch.no_grad():
+                    next(backend.module.parameters()).add_(1e-3)
+
+
+def _trigger(f: _One) -> None:
+    print(f"BENCH_FAULT: injected {f.kind} on rank {f.rank} at step {f.step}", file=sys.stderr, flush=True)
+    if f.kind == "crash":
+        os._exit(13)
+    if f.kind == "hang":
+        while True:
+            time.sleep(3600)
+    if f.kind == "oom":
+        import torch
+
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by BENCH_FAULT)")

@@ -1,0 +1,168 @@
+"""Launchers: start one run as its own fresh OS process tree, wait with a timeout, and make sure exactly one
+record exists for it afterwards (the worker's, or a failed/skipped one written here).
+
+A launcher only builds a command line; the backend decides nothing about how it is started. DDP under
+torchrun and DDP under torch.multiprocessing.spawn are one backend with two launchers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from bench import results
+from bench.config import RunConfig
+from bench.worker import OOM_MARKER
+
+LAUNCHERS = ("inproc", "torchrun", "spawn", "horovodrun")
+PORT_RETRIES = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tool(name: str) -> str | None:
+    """A console script from the same environment as this Python (the venv's torchrun, horovodrun)."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
+def command(launcher: str, world_size: int, spec_path: str) -> list[str]:
+    py = sys.executable
+    worker = ["-m", "bench.worker", "--spec", spec_path]
+    if launcher == "inproc":
+        return [py, *worker]
+    if launcher == "spawn":
+        return [py, *worker, "--spawn", str(world_size)]
+    if launcher == "torchrun":
+        torchrun = _tool("torchrun")
+        head = [torchrun] if torchrun else [py, "-m", "torch.distributed.run"]
+        return [*head, "--standalone", f"--nproc-per-node={world_size}", *worker]
+    if launcher == "horovodrun":
+        return [_tool("horovodrun") or "horovodrun", "-np", str(world_size), "-H", f"localhost:{world_size}",
+                "--gloo", py, *worker]
+    raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+
+
+def default_timeout(cfg: RunConfig) -> float:
+    """Generous: start-up (imports, rendezvous, cuDNN autotune) plus a budget per step."""
+    return 180.0 + 5.0 * (cfg.warmup + cfg.steps * cfg.windows)
+
+
+def threads_per_rank(cfg: RunConfig) -> int:
+    procs = 1 if cfg.launcher == "inproc" else cfg.world_size
+    return max(1, (os.cpu_count() or 1) // procs)
+
+
+def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_env: dict | None = None) -> dict:
+    """Run one configuration to completion and return its record (also saved under ``results_dir``)."""
+    run_id = results.new_run_id(cfg.backend, cfg.world_size)
+    record = results.skeleton(cfg.to_dict(), run_id, {**env_meta, "started_at": results.utc_now()})
+    reason = backend.unavailable(cfg)
+    if reason:
+        record.update(status="skipped", reason=reason)
+        results.save(record, results_dir)
+        return record
+
+    logs = results_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path, spec_path = logs / f"{run_id}.log", logs / f"{run_id}.spec.json"
+    threads = threads_per_rank(cfg)
+    child_env = {**os.environ, **(extra_env or {}),
+                 "PYTHONPATH": os.pathsep.join(filter(None, [str(results.REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    if cfg.device_type == "cpu":
+        child_env["OMP_NUM_THREADS"] = str(threads)
+    timeout = cfg.timeout or default_timeout(cfg)
+
+    for attempt in range(1, PORT_RETRIES + 1):
+        spec = {"config": cfg.to_dict(), "run_id": run_id, "results_dir": str(results_dir), "env": record["env"],
+                "master_port": free_port(), "threads_per_rank": threads}
+        spec_path.write_text(json.dumps(spec))
+        rc, timed_out = _run_group(command(cfg.launcher, cfg.world_size, str(spec_path)), child_env, log_path, timeout)
+        saved = results_dir / f"{run_id}.json"
+        if saved.exists():
+            return json.loads(saved.read_text())
+        tail = _tail(log_path)
+        if not timed_out and rc != 0 and "address already in use" in tail.lower() and attempt < PORT_RETRIES:
+            continue  # someone took the port between our probe and the rendezvous: try a new one
+        break
+
+    if timed_out:
+        reason = f"timeout after {timeout:.0f} s (log: {log_path})"
+    elif OOM_MARKER in tail:
+        msg = next(line for line in tail.splitlines() if OOM_MARKER in line).split(OOM_MARKER, 1)[1].strip()
+        reason = (f"out of memory: batch {cfg.batch_size} per device ({cfg.global_batch} global), "
+                  f"{cfg.model} at {cfg.image_size} px, {cfg.precision}: {msg}")
+    else:
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+        reason = f"{cfg.launcher} {how} (no record written); log {log_path}; stderr tail: {_summary(tail)}"
+    record.update(status="failed", reason=reason)
+    results.save(record, results_dir)
+    return record
+
+
+def _run_group(cmd: list[str], env: dict, log_path: Path, timeout: float) -> tuple[int, bool]:
+    """Run ``cmd`` in a new session; on timeout or interrupt kill it and every descendant."""
+    with open(log_path, "ab") as log:
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            return proc.returncode, True
+        except BaseException:  # Ctrl-C / SIGTERM of the harness: take the run down with us
+            kill_tree(proc)
+            raise
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM then SIGKILL the process group and every descendant (launchers such as horovodrun start
+    their ranks in sessions of their own, which a process-group kill alone would miss)."""
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in family:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(family, timeout=grace)
+        family = alive
+        if not family:
+            break
+    proc.wait()
+
+
+def _tail(path: Path, nbytes: int = 20000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - nbytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _summary(tail: str, lines: int = 6, limit: int = 1200) -> str:
+    """The last few informative stderr lines, on one line."""
+    keep = [ln.strip() for ln in tail.splitlines() if ln.strip() and not re.match(r"^[-=*^~ ]+$", ln.strip())]
+    return " | ".join(keep[-lines:])[-limit:]

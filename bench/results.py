@@ -1,0 +1,222 @@
+"""The result record: schema, environment metadata, atomic save and tolerant load.
+
+One JSON file per run. Reports and the CI gate read these keys, so their names are fixed; bump SCHEMA
+when a key changes meaning. Units are in the key names (``_bytes``, ``_seconds``) or documented here:
+``throughput`` is global samples (images) per second.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+import uuid
+import warnings
+from pathlib import Path
+
+SCHEMA = 1
+STATUSES = ("ok", "skipped", "failed")
+
+# Every record carries these keys (values may be null when a run did not get that far).
+REQUIRED_KEYS = (
+    "schema", "run_id", "status", "reason", "backend", "launcher", "world_size", "device_type", "model",
+    "image_size", "precision", "batch_per_device", "global_batch", "warmup_steps", "steps_per_window",
+    "window_seconds", "throughput", "throughput_ci95", "memory", "memory_imbalance", "data",
+    "replicas_consistent", "env",
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def new_run_id(backend: str, world_size: int) -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{backend}-w{world_size}-{uuid.uuid4().hex[:6]}"
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
+    """A record with every required key, filled from the run's config; measurement keys are null."""
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "status": None,
+        "reason": None,
+        "note": cfg.get("note"),
+        "backend": cfg["backend"],
+        "launcher": cfg["launcher"],
+        "world_size": cfg["world_size"],
+        "device_type": cfg["device_type"],
+        "model": cfg["model"],
+        "image_size": cfg["image_size"],
+        "precision": cfg["precision"],
+        "batch_per_device": cfg["batch_size"],
+        "global_batch": cfg["batch_size"] * cfg["world_size"],
+        "warmup_steps": cfg["warmup"],
+        "steps_per_window": cfg["steps"],
+        "windows": cfg["windows"],
+        "window_seconds": [],
+        "throughput": None,
+        "throughput_ci95": None,
+        "per_device_throughput": None,
+        "memory": [],
+        "memory_imbalance": None,
+        "data": cfg.get("data", "synthetic"),
+        "options": cfg.get("options", {}),
+        "replicas_consistent": None,
+        "env": env,
+    }
+
+
+def save(record: dict, directory: str | os.PathLike) -> Path:
+    """Write ``record`` as ``<directory>/<run_id>.json`` atomically and without ever overwriting.
+
+    The JSON goes to a temporary file in the same directory first and is then hard-linked into place:
+    a reader sees either no file or the whole file, and an existing record is never replaced.
+    """
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"record lacks keys {missing}")
+    if record["status"] not in STATUSES:
+        raise ValueError(f"record status {record['status']!r} is not one of {STATUSES}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{record['run_id']}.json"
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, final)  # fails with FileExistsError rather than overwrite
+    finally:
+        os.unlink(tmp)
+    return final
+
+
+def load(path: str | os.PathLike, warn=warnings.warn) -> list[dict]:
+    """Records from a file or a directory (non-recursive, ``*.json``).
+
+    Unreadable, half-written or other-schema files are skipped with one warning each, never raised.
+    A file may hold one record or a list of records (a saved baseline).
+    """
+    path = Path(path)
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    out = []
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            warn(f"skipping {f}: not a readable JSON record ({type(e).__name__}: {e})")
+            continue
+        items = data.get("records") if isinstance(data, dict) and "records" in data else data
+        for rec in items if isinstance(items, list) else [items]:
+            if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
+                found = rec.get("schema") if isinstance(rec, dict) else type(rec).__name__
+                warn(f"skipping {f}: schema {found!r}, this version reads schema {SCHEMA}")
+                continue
+            missing = [k for k in REQUIRED_KEYS if k not in rec]
+            if missing:
+                warn(f"skipping {f}: record lacks keys {missing}")
+                continue
+            rec.setdefault("_path", str(f))
+            out.append(rec)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Environment metadata. Nothing here creates a CUDA context (NVML and version queries only), so the
+# harness process can call it without holding memory on GPU 0.
+
+def _run(cmd: list[str], timeout: float = 20) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def nvml_gpus() -> dict:
+    """GPU names, count, driver and per-GPU used memory from NVML, or an ``error`` when NVML is absent."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as e:  # no driver, no library: CPU machine
+        return {"error": f"NVML unavailable: {e}"}
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        names = [pynvml.nvmlDeviceGetName(h) for h in handles]
+        names = [x.decode() if isinstance(x, bytes) else x for x in names]
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return {"count": n, "names": names, "driver": driver.decode() if isinstance(driver, bytes) else driver}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def git_commit() -> str | None:
+    commit = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    if commit and _run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"]):
+        commit += "-dirty"
+    return commit
+
+
+def collect_env(horovod: dict | None = None) -> dict:
+    import torch
+
+    cuda = torch.version.cuda
+    nccl = None
+    if cuda and torch.distributed.is_nccl_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            nccl = None
+    gpus = nvml_gpus()
+    topo = _run(["nvidia-smi", "topo", "-m"]) if gpus.get("count") else None
+    return {
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "cuda": cuda,
+        "nccl": nccl,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "cuda_available": torch.cuda.is_available(),
+        "gpu_count": gpus.get("count", 0),
+        "gpu_names": gpus.get("names", []),
+        "driver": gpus.get("driver"),
+        "nvml": gpus.get("error", "ok"),
+        "topology": topo,
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git_commit": git_commit(),
+        "horovod": horovod,
+        "started_at": utc_now(),
+    }
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None

@@ -1,0 +1,32 @@
+"""The one-table console summary printed at the end of a sweep."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def one_line(rec: dict) -> str:
+    if rec["status"] == "ok":
+        lo, hi = rec["throughput_ci95"]
+        return (f"ok: {rec['throughput']:.1f} img/s global (95% CI {lo:.1f}-{hi:.1f}), "
+                f"{rec['per_device_throughput']:.1f} img/s per device")
+    return f"{rec['status']}: {rec['reason']}"
+
+
+def print_table(records: list[dict], console: Console | None = None) -> None:
+    if not records:
+        return
+    device = records[0]["device_type"]
+    table = Table(title=f"{records[0]['model']} {records[0]['image_size']}px, batch {records[0]['batch_per_device']}"
+                        f"/device, {records[0]['data']} data, {device}")
+    for col, justify in (("backend", "left"), ("world size", "right"), ("global img/s", "right"),
+                         ("per-device img/s", "right"), ("precision", "left"), ("status", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for r in records:
+        ok = r["status"] == "ok"
+        status = "ok" if ok else f"{r['status']}: {r['reason']}"
+        if ok and r.get("replicas_consistent") is False:
+            status = "ok, but replicas DIFFER after training"
+        table.add_row(r["backend"], str(r["world_size"]), f"{r['throughput']:.1f}" if ok else "-",
+                      f"{r['per_device_throughput']:.1f}" if ok else "-", r["precision"], status)
+    (console or Console(width=160)).print(table)

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Build + install Horovod (PyTorch, Gloo; plus NCCL when a GPU is present) into a virtualenv.
+# The built wheel is cached, keyed by horovod version + exact torch version + python tag +
+# cpu/gpu flavour, so a compile (~10 min on 2 cores) only happens when one of those changes.
+# Usage: scripts/build_horovod.sh [VENV_DIR]          (default: <repo>/.venv)
+# Env:   HOROVOD_VERSION (0.28.1)   BENCH_WHEEL_CACHE (~/.cache/torch-parallel-bench/wheels)
+#        HOROVOD_SDIST (local sdist instead of PyPI)   HOROVOD_BUILD_CUDA_CC_LIST (80,90)
+#        CUDA_HOME (toolkit matching torch.version.cuda)   BUILD_JOBS (nproc)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${1:-$REPO/.venv}"
+[[ -x "$VENV/bin/python" ]] || { echo "build_horovod: FAILED: no $VENV/bin/python" >&2; exit 1; }
+VENV="$(cd "$VENV" && pwd)"
+PY="$VENV/bin/python"
+HVD_VER="${HOROVOD_VERSION:-0.28.1}"
+STAMP="$VENV/.horovod-built-against"   # cache key of the last install that passed verification
+LOG="$VENV/horovod-build.log"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+fail() {  # show the log tail, then one clear line; never exit 0 after a failure
+  [[ -s "$LOG" ]] && { echo "----- last 30 lines of $LOG -----" >&2; tail -n 30 "$LOG" >&2; }
+  echo "build_horovod: FAILED: $1 (full build log: $LOG)" >&2
+  exit 1
+}
+
+# Serialise concurrent callers (parallel `make test`s): the second one waits, then fast-paths.
+exec 9>"$VENV/.horovod-build.lock"
+flock 9
+
+# One interpreter start (~3 s, mostly `import torch`) gives everything the fast path needs.
+PROBE='import sys, torch
+have = "none"
+try:
+    import horovod, horovod.torch as hvd
+    have = horovod.__version__ if callable(getattr(hvd, "init", None)) else "none"
+except Exception:
+    pass
+print(torch.__version__, torch.version.cuda or "none", "cp%d%d" % sys.version_info[:2], have)'
+OUT="$("$PY" -c "$PROBE" 2>/dev/null | tail -n 1)" \
+  || { "$PY" -c 'import torch' >&2; echo "build_horovod: FAILED: cannot import torch with $PY" >&2; exit 1; }
+read -r TORCH_VER TORCH_CUDA PYTAG HVD_HAVE <<<"$OUT"
+FLAVOUR=cpu   # gpu = CUDA torch + a visible GPU -> also build NCCL GPU ops
+if [[ "$TORCH_CUDA" != none ]] && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then FLAVOUR=gpu; fi
+KEY="horovod-${HVD_VER}_torch-${TORCH_VER}_${PYTAG}_${FLAVOUR}"
+
+if [[ "$HVD_HAVE" == "$HVD_VER" && -f "$STAMP" && "$(<"$STAMP")" == "$KEY" ]]; then
+  echo "horovod $HVD_VER already built against torch $TORCH_VER"
+  exit 0
+fi
+
+# ---- slow path: install from the wheel cache, building the wheel first if needed ----
+rm -f "$STAMP"
+: >"$LOG"
+CACHE="${BENCH_WHEEL_CACHE:-$HOME/.cache/torch-parallel-bench/wheels}/$KEY"
+TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
+shopt -s nullglob
+WHLS=("$CACHE"/horovod-*.whl); WHL="${WHLS[0]:-}"; BUILT=0
+export PATH="$VENV/bin:$PATH"          # a pip-installed cmake and horovodrun are found first
+
+if [[ -n "$WHL" ]]; then
+  echo "build_horovod: installing cached wheel $WHL"
+else
+  echo "build_horovod: compiling horovod $HVD_VER for $KEY (~10 min on 2 cores; log: $LOG)"
+  [[ -x "$REPO/scripts/cxx20" ]] || fail "$REPO/scripts/cxx20 missing or not executable"
+  # setup.py imports packaging and lists the runtime deps as setup_requires; wheel for bdist_wheel;
+  # setuptools also provides distutils, which horovod's CMake calls on python >= 3.12.
+  "$PY" -m pip install setuptools wheel packaging cloudpickle psutil pyyaml >>"$LOG" 2>&1 \
+    || fail "installing build prerequisites into $VENV"
+  CMV="$(cmake --version 2>/dev/null | head -n1 | grep -Eo '[0-9]+\.[0-9]+' | head -n1)" || CMV=0
+  if [[ "$(printf '%s\n' 3.13 "$CMV" | sort -V | head -n1)" != 3.13 ]]; then  # need cmake >= 3.13
+    "$PY" -m pip install 'cmake>=3.13,<4' >>"$LOG" 2>&1 || fail "pip install cmake"
+  fi
+  export CMAKE_POLICY_VERSION_MINIMUM=3.5  # CMake 4 rejects gloo's old cmake_minimum_required()
+  export CXX="$REPO/scripts/cxx20"        # Horovod pins -std=c++14; torch 2.14 headers need C++20
+  export MAKEFLAGS="-j${BUILD_JOBS:-$(nproc)}"  # setup.py forces -j8 unless MAKEFLAGS is set
+  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1  # fail loudly instead of silently skipping
+  export HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1  # unused
+  export HOROVOD_CPU_OPERATIONS=GLOO      # CPU collectives through Gloo (no MPI)
+  if [[ "$TORCH_CUDA" != none ]]; then
+    # A CUDA torch makes Horovod's CMake always compile its CUDA parts (even without a GPU),
+    # so it must find nvcc, cudart and the toolkit; prefer the toolkit matching torch's CUDA.
+    CUDA_HOME="${CUDA_HOME:-/usr/local/cuda-$TORCH_CUDA}"
+    [[ -x "$CUDA_HOME/bin/nvcc" ]] || CUDA_HOME=/usr/local/cuda
+    [[ -x "$CUDA_HOME/bin/nvcc" ]] || fail "torch is a CUDA $TORCH_CUDA build; set CUDA_HOME to a CUDA toolkit with nvcc"
+    export CUDA_HOME CUDACXX="$CUDA_HOME/bin/nvcc" CUDAToolkit_ROOT="$CUDA_HOME" HOROVOD_CUDA_HOME="$CUDA_HOME"
+    # Default is every arch nvcc knows (slow); note the list is not part of the cache key.
+    export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}"
+  fi
+  if [[ "$FLAVOUR" == gpu ]]; then
+    export HOROVOD_GPU_OPERATIONS=NCCL    # GPU collectives through NCCL
+    NCCL="$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)" || NCCL=""
+    if [[ -n "$NCCL" && -e "$NCCL/lib/libnccl.so.2" ]]; then
+      # Use the NCCL torch itself loads (pip wheel nvidia-nccl-cu*); it only ships libnccl.so.2,
+      # so give the linker a libnccl.so. At runtime `import torch` has already loaded it.
+      mkdir -p "$TMP/nccl-lib"; ln -s "$NCCL/lib/libnccl.so.2" "$TMP/nccl-lib/libnccl.so"
+      export HOROVOD_NCCL_LINK=SHARED HOROVOD_NCCL_INCLUDE="$NCCL/include" HOROVOD_NCCL_LIB="$TMP/nccl-lib"
+    fi
+  fi
+  # --no-build-isolation: build against the venv's torch; --no-binary/--no-cache-dir: really compile,
+  # never reuse pip's own cached wheel (which does not know which torch it was built against).
+  nice -n 10 "$PY" -m pip wheel -v --no-build-isolation --no-deps --no-binary horovod --no-cache-dir \
+    -w "$TMP" "${HOROVOD_SDIST:-horovod==$HVD_VER}" >>"$LOG" 2>&1 || fail "compiling the horovod wheel"
+  WHLS=("$TMP"/horovod-*.whl); WHL="${WHLS[0]:-}"; BUILT=1
+  [[ -n "$WHL" ]] || fail "pip wheel reported success but left no horovod wheel in $TMP"
+fi
+
+"$PY" -m pip uninstall -y horovod >>"$LOG" 2>&1 || true   # same version may be installed (old torch)
+"$PY" -m pip install "$WHL" >>"$LOG" 2>&1 || fail "pip install $WHL"
+
+# ---- verify: features compiled in, and a real 2-process Gloo allreduce ----
+HINT=""; [[ $BUILT == 0 ]] && HINT=" (cached wheel; delete $CACHE to force a rebuild)"
+CHECK="$("$VENV/bin/horovodrun" --check-build 2>&1)" || { echo "$CHECK" >>"$LOG"; fail "horovodrun --check-build$HINT"; }
+echo "$CHECK" | tee -a "$LOG"
+NEED=(PyTorch Gloo); [[ "$FLAVOUR" == gpu ]] && NEED+=(NCCL)
+for f in "${NEED[@]}"; do
+  grep -q "\[X\] $f" <<<"$CHECK" || fail "horovod was built without $f$HINT"
+done
+SMOKE='import torch, horovod.torch as hvd; hvd.init(); assert hvd.size() == 2, hvd.size()
+t = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum); assert t.item() == 3.0, t
+if torch.cuda.device_count() >= 2:
+    torch.cuda.set_device(hvd.local_rank()); g = hvd.allreduce(torch.ones(4, device="cuda"), op=hvd.Sum)
+    assert g.sum().item() == 8.0, g
+print("smoke ok: rank %d of %d, allreduce(sum) = %s" % (hvd.rank(), hvd.size(), t.item()))'
+echo "== horovodrun -np 2 smoke test" >>"$LOG"
+timeout 300 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo "$PY" -c "$SMOKE" 2>&1 | tee -a "$LOG" \
+  || fail "2-process horovodrun --gloo smoke test$HINT"
+
+if [[ $BUILT == 1 ]]; then  # cache only a verified wheel; copy+rename so readers never see half a file
+  mkdir -p "$CACHE"; cp "$WHL" "$CACHE/.partial.whl" && mv "$CACHE/.partial.whl" "$CACHE/$(basename "$WHL")"
+fi
+echo "$KEY" >"$STAMP"
+echo "build_horovod: horovod $HVD_VER installed and verified against torch $TORCH_VER ($FLAVOUR) in ${SECONDS}s"
