@@ -220,3 +220,29 @@ def _cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Grouping: runs of the same configuration on the same kind of hardware. Reports and the regression gate
+# both group with this, so "the same configuration" means one thing across the suite.
+
+CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "precision", "batch_per_device", "data",
+               "device_type", "hardware", "options")
+
+
+def hardware(rec: dict) -> str:
+    """The device model the numbers came from: the GPU name, or the CPU model for CPU runs."""
+    env = rec.get("env") or {}
+    if rec.get("device_type") == "cuda":
+        names = [m.get("device_name") for m in rec.get("memory") or [] if m.get("device_name")]
+        names = names or env.get("gpu_names") or ["unknown GPU"]
+        return names[0]
+    return f"CPU: {env.get('cpu_model') or 'unknown'}"
+
+
+def config_key(rec: dict) -> tuple:
+    """A hashable key: equal for records of the same configuration on the same hardware model."""
+    values = {k: rec.get(k) for k in CONFIG_KEYS}
+    values["hardware"] = hardware(rec)
+    values["options"] = json.dumps(rec.get("options") or {}, sort_keys=True)
+    return tuple(values[k] for k in CONFIG_KEYS)
