@@ -14,6 +14,8 @@ REGISTRY: dict[str, dict] = {
     "dp": {"cls": "backends.dp:DataParallel", "launcher": "inproc"},
     "ddp": {"cls": "backends.ddp:DDP", "launcher": "torchrun"},
     "ddp_spawn": {"cls": "backends.ddp:DDP", "launcher": "spawn"},
+    "ddp_amp_syncbn": {"cls": "backends.ddp_amp_syncbn:DDPAmpSyncBN", "launcher": "torchrun"},
+    "horovod": {"cls": "backends.horovod:Horovod", "launcher": "horovodrun"},
 }
 
 

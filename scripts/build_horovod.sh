@@ -19,7 +19,11 @@ LOG="$VENV/horovod-build.log"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 fail() {  # show the log tail, then one clear line; never exit 0 after a failure
-  [[ -s "$LOG" ]] && { echo "----- last 30 lines of $LOG -----" >&2; tail -n 30 "$LOG" >&2; }
+  if [[ -s "$LOG" ]]; then  # the first compiler/CMake errors are usually far above the tail
+    echo "----- first errors in $LOG -----" >&2
+    grep -n -m 8 -E 'error:|CMake Error|FATAL|No such file' "$LOG" | cut -c1-300 >&2 || true
+    echo "----- last 30 lines of $LOG -----" >&2; tail -n 30 "$LOG" | cut -c1-300 >&2
+  fi
   echo "build_horovod: FAILED: $1 (full build log: $LOG)" >&2
   exit 1
 }

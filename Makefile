@@ -1,0 +1,52 @@
+# Two commands do all set-up on a fresh machine: `make bench` and `make test`.
+# Both create .venv and install the project (and the Horovod build) when they are missing.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+STAMP  := $(VENV)/.installed
+
+GPUS    ?= all
+RESULTS ?= results/raw
+REPORT  ?= results/report
+ARGS    ?=
+
+.PHONY: install horovod bench report test list clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall when the project's requirements change.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --upgrade pip setuptools wheel
+	$(PY) -m pip install -e ".[dev]"
+	touch $@
+
+# Horovod is an sdist compiled against the installed torch; scripts/build_horovod.sh caches the wheel and
+# does nothing when the build is already current. A failed build does not stop the rest of the suite:
+# the horovod backend is then recorded as skipped with the reason (BENCH_REQUIRE_HOROVOD=1 makes it fatal).
+horovod: $(STAMP)
+	@scripts/build_horovod.sh $(VENV) || { [ "$(BENCH_REQUIRE_HOROVOD)" != 1 ] && \
+	  echo "make horovod: build failed; the horovod backend will be skipped (see $(VENV)/horovod-build.log)" >&2; }
+
+install: $(STAMP) horovod
+
+# The default suite on synthetic data on every device found; GPUS=N sweeps 1, 2, 4, ... up to N.
+bench: install
+	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(ARGS); status=$$?; \
+	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
+
+report: $(STAMP)
+	$(PY) -m bench report --results $(RESULTS) --out $(REPORT)
+
+list: $(STAMP)
+	$(PY) -m bench list
+
+# pytest exits 5 when it collected no tests: a suite that tests nothing is a failure, said plainly.
+test: install
+	$(PY) -m pytest -q tests $(ARGS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
+
+clean:
+	rm -rf results/raw results/report results/regress

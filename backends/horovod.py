@@ -1,0 +1,110 @@
+"""horovod: Horovod's DistributedOptimizer, launched by ``horovodrun -np N -H localhost:N --gloo``.
+
+Follows Horovod's own examples: hvd.init, one device per local rank, DistributedOptimizer with
+named_parameters, parameters and optimizer state broadcast from rank 0. ``--hvd-compression fp16``
+halves the allreduce traffic (the published ImageNet example hard-codes it; it is not like-for-like with
+fp32 DDP, so the record's ``options`` says which ran). AMP uses the documented pattern:
+optimizer.synchronize(), then scaler.step inside optimizer.skip_synchronize().
+
+Horovod is built by the project (make horovod); everything that can be wrong with that build becomes a
+"skipped" reason here, never an ImportError in the middle of a sweep.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from backends.base import Backend, build_model, device_for
+
+REBUILD = "make horovod"
+
+
+def problem() -> str | None:
+    """Why Horovod cannot be used from this environment, or None."""
+    try:
+        import horovod.torch as hvd
+    except ModuleNotFoundError:
+        return f"horovod is not installed ({REBUILD})"
+    except ImportError as e:
+        text = str(e)
+        if "undefined symbol" in text or "torch" in text.lower() and "version" in text.lower():
+            return f"horovod was built against another torch and must be rebuilt ({REBUILD}): {text.splitlines()[0]}"
+        return f"horovod's PyTorch extension did not build or does not load ({REBUILD}): {text.splitlines()[0]}"
+    if not hasattr(hvd, "init"):
+        return f"horovod is installed without its PyTorch extension (horovod.torch has no init; {REBUILD})"
+    if not hvd.gloo_built():
+        return f"this Horovod build has no Gloo controller, which horovodrun --gloo needs ({REBUILD})"
+    if shutil.which("horovodrun") is None and not (Path(sys.executable).parent / "horovodrun").exists():
+        return f"horovodrun is not on PATH ({REBUILD})"
+    return None
+
+
+def build_info() -> dict | None:
+    """Horovod version and what ``horovodrun --check-build`` says it was built with, for the record's env."""
+    if problem():
+        return None
+    import horovod
+
+    exe = Path(sys.executable).parent / "horovodrun"
+    try:
+        out = subprocess.run([str(exe) if exe.exists() else "horovodrun", "--check-build"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"version": horovod.__version__, "check_build": f"failed: {e}"}
+    # Lines look like "    [X] PyTorch" (built) or "    [ ] MPI" (not built), under section headings.
+    built = [m.group(2) for m in re.finditer(r"\[(X)\] (.+)", out)]
+    missing = [m.group(1) for m in re.finditer(r"\[ \] (.+)", out)]
+    return {"version": horovod.__version__, "built": built, "not_built": missing}
+
+
+class Horovod(Backend):
+    def unavailable(self, cfg):
+        reason = problem()
+        if reason:
+            return reason
+        import horovod.torch as hvd
+
+        if cfg.device_type == "cuda" and not hvd.nccl_built():
+            return (f"this Horovod build has no NCCL tensor operations, so its allreduce would not run on the GPUs; "
+                    f"rebuild on the GPU machine ({REBUILD}, which sets HOROVOD_GPU_OPERATIONS=NCCL)")
+        if cfg.options.get("compression") not in (None, "none", "fp16"):
+            return f"unknown horovod compression {cfg.options.get('compression')!r}; choose from none, fp16"
+        return super().unavailable(cfg)
+
+    def setup(self, cfg):
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        hvd.init()
+        self.rank, self.world_size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self.device = device_for(cfg, self.local_rank)
+        model = build_model(cfg).to(self.device)
+        self.init_training(cfg, model, cfg.batch_size)
+        compression = hvd.Compression.fp16 if cfg.options.get("compression") == "fp16" else hvd.Compression.none
+        self.optimizer = hvd.DistributedOptimizer(self.optimizer, named_parameters=model.named_parameters(),
+                                                  compression=compression)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+
+    def step(self):
+        if self.scaler is None:
+            return super().step()  # optimizer.step() waits for the allreduces started during backward
+        loss = self.forward_loss()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.optimizer.synchronize()  # finish the allreduces of the scaled gradients...
+        with self.optimizer.skip_synchronize():  # ...so that scaler.step's optimizer.step() does not redo them
+            self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def all_gather(self, obj):
+        return self.hvd.allgather_object(obj)
+
+    def barrier(self):
+        self.hvd.barrier()
+
+    def teardown(self):
+        self.hvd.shutdown()

@@ -1,0 +1,648 @@
+"""The regression gate: ``python -m bench compare BASELINE CURRENT`` and ``python -m bench baseline save``.
+
+What is compared. BASELINE and CURRENT are record files, directories of records, or saved baselines
+(``results/baselines/NAME.json``). Only ``ok`` records count. Records are grouped with
+``results.config_key`` (the report's grouping); several runs of one configuration are pooled. Every timed
+window is one throughput sample, ``global_batch * steps_per_window / window_seconds[i]``, and the
+summary is the median over the pooled windows; ``ratio = median(current) / median(baseline)``.
+
+When a change counts. A configuration is ``slower`` (or ``faster``) only when the difference is
+statistically significant AND larger than the threshold: ``p < alpha`` and ``ratio < 1 - threshold``
+(``> 1 + threshold``). A significant change inside the threshold, or any change without significance,
+is ``no significant change`` (the notes column says which). pyperf and asv gate the same way.
+
+The test. Default: Mann-Whitney U, two-sided (``scipy.stats.mannwhitneyu``; exact for small samples
+without ties). It compares whole distributions without assuming normality, so one stalled window (a
+data-loader hiccup, a noisy neighbour) cannot fake or hide a change, and it matches the median we
+report. Its catch is that with few windows it cannot reach small p-values: the smallest attainable
+two-sided p is ``2 / C(n+m, n)``: 0.1 for 3 vs 3 windows, 0.029 for 4 vs 4, 0.0079 for 5 vs 5, 0.00018
+for 10 vs 10. With the default alpha 0.01 a configuration therefore needs at least 5 windows a side
+(pooled over runs). When it has fewer, the gate does not pass it silently: the verdict is ``no
+significant change`` with the note "too few windows for significance at alpha", and a warning goes to
+stderr. ``--test welch`` uses Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``) instead,
+which reaches any alpha from 2 windows a side but assumes roughly normal windows.
+
+Memory. Peak device memory of a run is the largest ``peak_reserved_bytes`` over its devices (the
+caching allocator's reservation: what decides whether a batch fits); runs of one configuration give
+their median. Growth above the threshold is ``more memory`` and fails the gate like ``slower``. CPU
+records have no device memory; their host peak RSS (largest over ranks) is reported but not gated,
+because it is mostly the interpreter and libraries, not the training step; ``--gate-host-memory`` gates it.
+
+Hardware. Throughput from different GPU models (or CPU vs GPU) is not comparable, so the gate refuses,
+exit 2, when the two sides were measured on different hardware, unless ``--allow-different-hardware``
+is given (then configurations are matched ignoring the hardware). Differing torch / CUDA / cuDNN / NCCL /
+driver versions are allowed, with one warning line each: they are often the change being tested.
+
+Exit codes: 0 nothing regressed; 1 something is slower or uses more memory; 2 bad input (a missing path,
+no records, bad option values, different hardware, or no configuration present on both sides: a gate
+that compared nothing must not pass). New and missing configurations are listed but do not fail.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+TESTS = {"mwu": "Mann-Whitney U (two-sided)", "welch": "Welch's t-test (two-sided)"}
+FORMATS = ("md", "json")
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_ALPHA = 0.01
+ENV_VERSIONS = ("torch", "cuda", "cudnn", "nccl", "driver")
+BASELINE_DIR = "results/baselines"
+BASELINE_SCHEMA = 1
+GiB = 2 ** 30
+
+SLOWER, FASTER, SAME, NEW, MISSING = "slower", "faster", "no significant change", "new", "missing"
+MORE_MEMORY, LESS_MEMORY = "more memory", "less memory"
+
+
+class BadInput(Exception):
+    """Input the gate cannot judge: reported as one ``bench: error:`` line and exit code 2."""
+
+
+def _error(msg: str) -> int:
+    print(f"bench: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _warn(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+
+def register(sub) -> None:
+    c = sub.add_parser(
+        "compare", help="regression gate: compare CURRENT records with a BASELINE (exit 1 on a regression)",
+        description="Compare throughput (per-window samples) and peak memory of every configuration present in "
+                    "both BASELINE and CURRENT. Exit 0: nothing regressed; 1: something is slower or uses more "
+                    "memory; 2: bad input.")
+    c.add_argument("baseline", metavar="BASELINE", help="record file, directory of records, or saved baseline")
+    c.add_argument("current", metavar="CURRENT", help="record file, directory of records, or saved baseline")
+    c.add_argument("--threshold", default=str(DEFAULT_THRESHOLD),
+                   help=f"relative change that counts, 0 <= t < 1 (default {DEFAULT_THRESHOLD}: 5%%)")
+    c.add_argument("--alpha", default=str(DEFAULT_ALPHA),
+                   help=f"significance level, 0 < alpha < 1 (default {DEFAULT_ALPHA})")
+    c.add_argument("--test", default="mwu",
+                   help="mwu: Mann-Whitney U (default, needs >= 5 windows a side at alpha 0.01) | welch: Welch's t")
+    c.add_argument("--format", default="md", help="md (default: a Markdown table) | json")
+    c.add_argument("--out", help="also write the report to this file")
+    c.add_argument("--allow-different-hardware", action="store_true",
+                   help="compare records from different GPU models / device types (matched ignoring hardware)")
+    c.add_argument("--gate-host-memory", action="store_true",
+                   help="also fail on host peak RSS growth (CPU runs); reported but not gated by default")
+    c.set_defaults(func=cmd_compare)
+
+    b = sub.add_parser("baseline", help="manage stored baselines for the regression gate (save, name)")
+    bsub = b.add_subparsers(dest="baseline_command", metavar="{save,name}", required=True)
+    s = bsub.add_parser(
+        "save", help="write the ok records of a results directory to results/baselines/NAME.json",
+        description="Write the ok records from DIR as one baseline file, atomically. An existing baseline is "
+                    "only replaced with --force: every later CI run is judged against it.")
+    s.add_argument("--from", dest="source", required=True, metavar="DIR", help="results directory (or file) to take records from")
+    s.add_argument("--name", help="baseline name (default: the hardware of the records, e.g. NVIDIA-H100-80GB-HBM3)")
+    s.add_argument("--out-dir", default=BASELINE_DIR, help=f"where baselines live (default {BASELINE_DIR})")
+    s.add_argument("--latest", action="store_true", help="keep only the latest ok run of each configuration")
+    s.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
+    s.set_defaults(func=cmd_baseline_save)
+    n = bsub.add_parser("name", help="print the default baseline name (from records, or from this machine's GPU/CPU)")
+    n.add_argument("--from", dest="source", metavar="DIR", help="derive the name from these records' hardware")
+    n.set_defaults(func=cmd_baseline_name)
+
+
+def _fraction(text: str, name: str, low_inclusive: bool) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    ok = (0 <= value < 1) if low_inclusive else (0 < value < 1)
+    if not ok:
+        rng = "0 <= threshold < 1 (0.05 = 5%)" if low_inclusive else "0 < alpha < 1 (e.g. 0.01)"
+        raise BadInput(f"--{name} {text!r}: expected a number with {rng}")
+    return value
+
+
+def cmd_compare(args) -> int:
+    try:
+        threshold = _fraction(args.threshold, "threshold", low_inclusive=True)
+        alpha = _fraction(args.alpha, "alpha", low_inclusive=False)
+        if args.format not in FORMATS:
+            raise BadInput(f"unknown format {args.format!r}; choose from {', '.join(FORMATS)}")
+        if args.test not in TESTS:
+            raise BadInput(f"unknown test {args.test!r}; choose from mwu (Mann-Whitney U), welch (Welch's t)")
+        base = _load_side(args.baseline, "baseline")
+        cur = _load_side(args.current, "current")
+        result = compare(base, cur, threshold=threshold, alpha=alpha, test=args.test,
+                         allow_different_hardware=args.allow_different_hardware,
+                         gate_host_memory=args.gate_host_memory, warn=_warn)
+    except BadInput as e:
+        return _error(str(e))
+    result["baseline_path"], result["current_path"] = str(args.baseline), str(args.current)
+    text = render_json(result) if args.format == "json" else render_md(result)
+    print(text, end="")
+    if args.out:
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text)
+        except OSError as e:
+            return _error(f"cannot write --out {args.out!r}: {e.strerror or e}")
+    if not result["compared"]:
+        return _error(f"no configuration is present in both baseline and current ({len(result['missing'])} "
+                      f"missing, {len(result['new'])} new): nothing was compared")
+    return 1 if result["regressed"] else 0
+
+
+def _load_side(path: str, side: str) -> dict:
+    from bench import results
+
+    p = Path(path)
+    if not p.exists():
+        raise BadInput(f"{side} {path!r} does not exist")
+    recs = results.load(p, warn=_warn)
+    if not recs:
+        raise BadInput(f"{side} {path!r} holds no readable schema-{results.SCHEMA} records")
+    ok = [r for r in recs if r.get("status") == "ok"]
+    if not ok:
+        counts = ", ".join(f"{sum(r.get('status') == s for r in recs)} {s}" for s in ("failed", "skipped"))
+        raise BadInput(f"{side} {path!r} holds no ok records ({counts})")
+    return {"path": str(path), "ok": ok, "other": [r for r in recs if r.get("status") != "ok"]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-record numbers
+
+def throughput_samples(rec: dict):
+    """Global samples per second, one per timed window."""
+    import numpy as np
+
+    t = np.asarray(rec.get("window_seconds") or [], dtype=float)
+    if t.size == 0 or not np.all(np.isfinite(t)) or np.any(t <= 0):
+        return None
+    return rec["global_batch"] * rec["steps_per_window"] / t
+
+
+def peak_device_memory(rec: dict) -> float | None:
+    """Largest peak reserved bytes over the run's devices; None on CPU (no device memory)."""
+    values = [m.get("peak_reserved_bytes") for m in rec.get("memory") or []]
+    values = [v for v in values if v is not None]
+    return float(max(values)) if values else None
+
+
+def peak_host_rss(rec: dict) -> float | None:
+    values = [v for v in rec.get("host_peak_rss_bytes") or [] if v is not None]
+    return float(max(values)) if values else None
+
+
+def _median(values) -> float | None:
+    import numpy as np
+
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Grouping and hardware
+
+def _hw(rec: dict) -> tuple[str, str]:
+    from bench import results
+
+    return rec.get("device_type"), results.hardware(rec)
+
+
+def _match_key(rec: dict, ignore_hardware: bool) -> tuple:
+    from bench import results
+
+    key = dict(zip(results.CONFIG_KEYS, results.config_key(rec)))
+    if ignore_hardware:
+        key.pop("hardware", None)
+        key.pop("device_type", None)
+    return tuple(key.items())
+
+
+def label(rec: dict) -> str:
+    """A short, readable name for a configuration (hardware is in the report header)."""
+    text = (f"{rec['backend']} x{rec['world_size']} {rec['model']} {rec['image_size']}px "
+            f"b{rec['batch_per_device']}/dev {rec['precision']}")
+    if rec.get("data") not in (None, "synthetic"):
+        text += f" {rec['data']} data"
+    if rec.get("options"):
+        text += " " + " ".join(f"{k}={v}" for k, v in sorted(rec["options"].items()))
+    return text
+
+
+def _hw_text(hws) -> str:
+    return ", ".join(f"{name} ({dev})" for dev, name in sorted(hws, key=str))
+
+
+def check_hardware(base: list[dict], cur: list[dict], allow: bool, warn) -> tuple[list, list]:
+    b, c = {_hw(r) for r in base}, {_hw(r) for r in cur}
+    if b != c:
+        if not allow:
+            raise BadInput(f"refusing to compare across hardware: baseline measured on {_hw_text(b)}, current on "
+                           f"{_hw_text(c)}; throughput is only comparable on the same GPU model and device type "
+                           f"(pass --allow-different-hardware to compare anyway)")
+        warn(f"comparing different hardware (--allow-different-hardware): baseline {_hw_text(b)}, "
+             f"current {_hw_text(c)}")
+    return sorted(b, key=str), sorted(c, key=str)
+
+
+def env_differences(base: list[dict], cur: list[dict]) -> list[str]:
+    """One message per environment version that differs between the two sides."""
+    out = []
+    for key in ENV_VERSIONS:
+        b = sorted({str((r.get("env") or {}).get(key)) for r in base})
+        c = sorted({str((r.get("env") or {}).get(key)) for r in cur})
+        if b != c:
+            out.append(f"{key} differs: baseline {', '.join(b)}, current {', '.join(c)} "
+                       f"(a change may come from the software, not the code)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Statistics
+
+def significance(base, cur, test: str) -> tuple[float, float]:
+    """(p-value, smallest p-value this test can give for these sample sizes)."""
+    import warnings
+
+    import numpy as np
+    from scipy import stats
+
+    base, cur = np.asarray(base, dtype=float), np.asarray(cur, dtype=float)
+    n, m = base.size, cur.size
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        if test == "mwu":
+            p = stats.mannwhitneyu(cur, base, alternative="two-sided").pvalue
+            # fully separated samples give the smallest p the test (and its method for these sizes) can reach
+            min_p = stats.mannwhitneyu(np.arange(m), np.arange(m, m + n), alternative="two-sided").pvalue
+        else:
+            if n < 2 or m < 2:
+                return 1.0, 1.0
+            p = stats.ttest_ind(cur, base, equal_var=False).pvalue
+            min_p = 0.0
+            if np.ptp(base) == 0 and np.ptp(cur) == 0:  # no spread: the difference is exact, or there is none
+                p = 1.0 if base[0] == cur[0] else 0.0
+    p = 1.0 if not np.isfinite(p) else float(p)
+    return p, float(min_p)
+
+
+def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "mwu",
+            allow_different_hardware: bool = False, gate_host_memory: bool = False, warn=_warn) -> dict:
+    """The whole comparison as a dict (what ``--format json`` prints); raises BadInput on mismatched hardware."""
+    base_hw, cur_hw = check_hardware(base["ok"], cur["ok"], allow_different_hardware, warn)
+    env_warnings = env_differences(base["ok"], cur["ok"])
+    for msg in env_warnings:
+        warn(msg)
+
+    def groups(recs):
+        out = {}
+        for r in recs:
+            out.setdefault(_match_key(r, allow_different_hardware), []).append(r)
+        return out
+
+    bg, cg = groups(base["ok"]), groups(cur["ok"])
+    b_other, c_other = groups(base["other"]), groups(cur["other"])
+    rows = []
+    for key in sorted(set(bg) | set(cg), key=lambda k: [str(v) for _, v in k]):
+        if key in bg and key in cg:
+            rows.append(_compare_one(bg[key], cg[key], threshold, alpha, test, gate_host_memory))
+        elif key in cg:
+            why = "not in the baseline"
+            if key in b_other:
+                r = b_other[key][-1]
+                why = f"baseline run {r['status']}: {r.get('reason') or 'no reason recorded'}"
+            rows.append(_one_sided(cg[key], NEW, why, "current"))
+        else:
+            why = "no ok run in current"
+            if key in c_other:
+                r = c_other[key][-1]
+                why = f"current run {r['status']}: {r.get('reason') or 'no reason recorded'}"
+            rows.append(_one_sided(bg[key], MISSING, why, "baseline"))
+
+    compared = [r for r in rows if r["status"] == "compared"]
+    underpowered = [r for r in compared if r["underpowered"]]
+    if underpowered:
+        worst = max(r["min_p_value"] for r in underpowered)
+        warn(f"{len(underpowered)} configuration(s) have too few windows for significance at alpha {alpha:g} "
+             f"with {TESTS[test]} (smallest attainable p {worst:.2g}): their throughput was NOT gated; run more "
+             f"windows (>= 5 a side at alpha 0.01) or use --test welch")
+    return {
+        "schema": 1,
+        "test": test,
+        "test_name": TESTS[test],
+        "alpha": alpha,
+        "threshold": threshold,
+        "gate_host_memory": gate_host_memory,
+        "hardware": {"baseline": [list(h) for h in base_hw], "current": [list(h) for h in cur_hw]},
+        "allow_different_hardware": allow_different_hardware,
+        "env_warnings": env_warnings,
+        "rows": rows,
+        "compared": len(compared),
+        "new": [r["config"] for r in rows if r["status"] == NEW],
+        "missing": [r["config"] for r in rows if r["status"] == MISSING],
+        "regressions": [r["config"] for r in rows if r["regression"]],
+        "regressed": any(r["regression"] for r in rows),
+    }
+
+
+def _side_summary(recs: list[dict]) -> dict:
+    import numpy as np
+
+    samples = [s for s in (throughput_samples(r) for r in recs) if s is not None]
+    pooled = np.concatenate(samples) if samples else np.asarray([], dtype=float)
+    return {
+        "runs": len(recs),
+        "windows": int(pooled.size),
+        "median_throughput": float(np.median(pooled)) if pooled.size else None,
+        "peak_reserved_bytes": _median(peak_device_memory(r) for r in recs),
+        "host_peak_rss_bytes": _median(peak_host_rss(r) for r in recs),
+        "run_ids": [r.get("run_id") for r in recs],
+        "_samples": pooled,
+    }
+
+
+def _public(side: dict) -> dict:
+    return {k: v for k, v in side.items() if not k.startswith("_")}
+
+
+def _row(recs, status) -> dict:
+    return {"config": label(recs[0]), "key": {k: v for k, v in _match_key(recs[0], False)}, "status": status,
+            "baseline": None, "current": None, "ratio": None, "p_value": None, "min_p_value": None,
+            "underpowered": False, "throughput_verdict": None, "memory_ratio": None, "memory_kind": None,
+            "memory_verdict": None, "verdict": status, "regression": False, "notes": []}
+
+
+def _one_sided(recs, status, why, side) -> dict:
+    row = _row(recs, status)
+    row[side] = _public(_side_summary(recs))
+    row["notes"].append(why)
+    return row
+
+
+def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict:
+    row = _row(crecs, "compared")
+    b, c = _side_summary(brecs), _side_summary(crecs)
+    row["baseline"], row["current"] = _public(b), _public(c)
+    verdicts, notes = [], row["notes"]
+    if b["windows"] == 0 or c["windows"] == 0:
+        verdicts.append(SAME)
+        notes.append("no valid window times on one side: throughput not compared")
+    else:
+        ratio = c["median_throughput"] / b["median_throughput"]
+        p, min_p = significance(b["_samples"], c["_samples"], test)
+        row.update(ratio=ratio, p_value=p, min_p_value=min_p)
+        change = f"{(ratio - 1) * 100:+.1f}%"
+        if min_p > alpha:
+            row["underpowered"] = True
+            verdicts.append(SAME)
+            notes.append(f"{change}: too few windows for significance at alpha {alpha:g} ({b['windows']} vs "
+                         f"{c['windows']} windows; {TESTS[test]} cannot go below p={min_p:.2g}): NOT gated")
+        elif p >= alpha:
+            verdicts.append(SAME)
+            notes.append(f"{change}, not significant (p={p:.2g} >= alpha {alpha:g})")
+        elif ratio < 1 - threshold:
+            verdicts.append(SLOWER)
+            notes.append(f"{change} throughput, beyond the {threshold:.0%} threshold")
+        elif ratio > 1 + threshold:
+            verdicts.append(FASTER)
+            notes.append(f"{change} throughput, beyond the {threshold:.0%} threshold")
+        else:
+            verdicts.append(SAME)
+            notes.append(f"{change} is significant (p={p:.2g}) but within the {threshold:.0%} threshold")
+    row["throughput_verdict"] = verdicts[0]
+
+    regression = verdicts[0] == SLOWER
+    kind, bm, cm, gated = "device", b["peak_reserved_bytes"], c["peak_reserved_bytes"], True
+    if bm is None or cm is None:
+        kind, bm, cm, gated = "host RSS", b["host_peak_rss_bytes"], c["host_peak_rss_bytes"], gate_host_memory
+    if bm and cm:
+        mratio = cm / bm
+        row.update(memory_ratio=mratio, memory_kind=kind)
+        mchange = f"{(mratio - 1) * 100:+.1f}%"
+        if mratio > 1 + threshold and gated:
+            row["memory_verdict"] = MORE_MEMORY
+            verdicts.append(MORE_MEMORY)
+            regression = True
+            notes.append(f"peak {'device memory' if kind == 'device' else 'host RSS'} {mchange}, beyond the "
+                         f"{threshold:.0%} threshold")
+        elif mratio < 1 - threshold and gated:
+            row["memory_verdict"] = LESS_MEMORY
+            verdicts.append(LESS_MEMORY)
+        elif not gated and abs(mratio - 1) > threshold:
+            notes.append(f"host RSS {mchange} (not gated; --gate-host-memory gates it)")
+    if verdicts[0] == SAME and len(verdicts) > 1:
+        verdicts = verdicts[1:]  # "more memory" alone reads better than "no significant change, more memory"
+    row["verdict"] = ", ".join(verdicts)
+    row["regression"] = regression
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / GiB:.2f}"
+
+
+def _memory_cell(row: dict) -> str:
+    b, c = row["baseline"], row["current"]
+    if row["status"] != "compared":
+        side = b or c
+        if side["peak_reserved_bytes"] is not None:
+            return f"{_gib(side['peak_reserved_bytes'])} GiB"
+        return f"host RSS {_gib(side['host_peak_rss_bytes'])} GiB" if side["host_peak_rss_bytes"] else "-"
+    if row["memory_ratio"] is None:
+        return "-"
+    key = "peak_reserved_bytes" if row["memory_kind"] == "device" else "host_peak_rss_bytes"
+    prefix = "" if row["memory_kind"] == "device" else "host RSS "
+    return f"{prefix}{_gib(b[key])} → {_gib(c[key])} GiB ({(row['memory_ratio'] - 1) * 100:+.0f}%)"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_md(result: dict) -> str:
+    hw = result["hardware"]
+    if hw["baseline"] == hw["current"]:
+        hw_line = f"**Hardware:** {_hw_text(map(tuple, hw['current']))}"
+    else:
+        hw_line = (f"**Hardware differs** (--allow-different-hardware): baseline {_hw_text(map(tuple, hw['baseline']))}"
+                   f"; current {_hw_text(map(tuple, hw['current']))}")
+    lines = [
+        f"## Regression gate: {result.get('current_path', 'current')} vs {result.get('baseline_path', 'baseline')}",
+        "",
+        hw_line + "  ",
+        f"**Test:** {result['test_name']} on per-window throughput; a change counts when p < {result['alpha']:g} "
+        f"AND it exceeds {result['threshold']:.0%}. Throughput is the median img/s over all windows of all ok runs "
+        f"(n = windows); ratio = current / baseline. Peak memory: device reserved bytes (max over GPUs)"
+        f"{'; host RSS is gated' if result['gate_host_memory'] else '; host RSS (CPU) is reported, not gated'}.",
+        "",
+    ]
+    for w in result["env_warnings"]:
+        lines.append(f"> warning: {w}  ")
+    if result["env_warnings"]:
+        lines.append("")
+    lines += ["| config | baseline img/s | current img/s | ratio | p-value | peak memory (GiB) | verdict | notes |",
+              "|---|--:|--:|--:|--:|---|---|---|"]
+    for r in result["rows"]:
+        b, c = r["baseline"], r["current"]
+        base = f"{_num(b['median_throughput'])} (n={b['windows']})" if b else "-"
+        cur = f"{_num(c['median_throughput'])} (n={c['windows']})" if c else "-"
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+        p = f"{r['p_value']:.2g}" if r["p_value"] is not None else "-"
+        verdict = f"**{r['verdict']}**" if r["regression"] else r["verdict"]
+        lines.append("| " + " | ".join(_cell(x) for x in (r["config"], base, cur, ratio, p, _memory_cell(r), verdict,
+                                                           "; ".join(r["notes"]))) + " |")
+    lines += ["", summary_line(result), ""]
+    return "\n".join(lines)
+
+
+def summary_line(result: dict) -> str:
+    rows = [r for r in result["rows"] if r["status"] == "compared"]
+    counts = {}
+    for r in rows:
+        for v in r["verdict"].split(", "):
+            counts[v] = counts.get(v, 0) + 1
+    parts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+    tail = f"{result['compared']} compared ({parts}); {len(result['new'])} new, {len(result['missing'])} missing"
+    if not result["compared"]:
+        return f"**ERROR:** nothing compared; {len(result['new'])} new, {len(result['missing'])} missing. Exit 2."
+    if result["regressed"]:
+        return f"**REGRESSION** in {len(result['regressions'])} configuration(s): {tail}. Exit 1."
+    return f"**PASS**: {tail}. Exit 0."
+
+
+def render_json(result: dict) -> str:
+    return json.dumps(result, indent=1, sort_keys=False, default=str) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Baselines
+
+def slug(text: str) -> str:
+    """A file-name-safe baseline name: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA-H100-80GB-HBM3'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "unknown"
+
+
+def default_name(recs: list[dict]) -> str:
+    from bench import results
+
+    hws = sorted({results.hardware(r) for r in recs})
+    if len(hws) != 1:
+        raise BadInput(f"the records come from {len(hws)} kinds of hardware ({'; '.join(hws)}); give --name")
+    return slug(hws[0])
+
+
+def machine_name() -> str:
+    """The default baseline name for this machine: its first GPU model, or its CPU model without NVML GPUs."""
+    from bench import results
+
+    gpus = results.nvml_gpus()
+    if gpus.get("count"):
+        return slug(gpus["names"][0])
+    return slug(f"CPU: {results._cpu_model() or 'unknown'}")
+
+
+def _check_name(name: str) -> str:
+    name = name[:-5] if name.endswith(".json") else name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise BadInput(f"baseline name {name!r}: use letters, digits, '.', '_' and '-' only (it becomes a file name)")
+    return name
+
+
+def _started(rec: dict) -> str:
+    return str(rec.get("finished_at") or (rec.get("env") or {}).get("started_at") or rec.get("run_id") or "")
+
+
+def cmd_baseline_save(args) -> int:
+    from bench import results
+
+    try:
+        src = Path(args.source)
+        if not src.exists():
+            raise BadInput(f"--from {args.source!r} does not exist")
+        recs = results.load(src, warn=_warn)
+        ok = [r for r in recs if r.get("status") == "ok" and r.get("window_seconds")]
+        if not ok:
+            raise BadInput(f"--from {args.source!r}: no ok records to save ({len(recs)} record(s) read, "
+                           f"{len(recs) - len(ok)} not ok); a baseline must hold at least one successful run")
+        if args.latest:
+            latest = {}
+            for r in sorted(ok, key=_started):
+                latest[results.config_key(r)] = r
+            ok = list(latest.values())
+        name = _check_name(args.name) if args.name else default_name(ok)
+    except BadInput as e:
+        return _error(str(e))
+    out_dir = Path(args.out_dir)
+    final = out_dir / f"{name}.json"
+    if final.exists() and not args.force:
+        return _error(f"baseline {str(final)!r} exists; every later CI run is judged against it, so replacing it "
+                      f"must be deliberate: pass --force (and review the diff before committing)")
+    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in sorted(ok, key=_started)]
+    doc = {
+        "schema": BASELINE_SCHEMA,
+        "name": name,
+        "created_at": results.utc_now(),
+        "source": str(src),
+        "hardware": sorted({results.hardware(r) for r in ok}),
+        "configurations": len({results.config_key(r) for r in ok}),
+        "records": clean,
+    }
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=out_dir)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            if args.force:
+                os.replace(tmp, final)
+            else:
+                os.link(tmp, final)  # atomic and never overwrites, even if another writer raced us
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except FileExistsError:
+        return _error(f"baseline {str(final)!r} exists; pass --force to replace it")
+    except OSError as e:
+        return _error(f"cannot write baseline {str(final)!r}: {e.strerror or e}")
+    skipped = len(recs) - len(ok)
+    print(f"baseline {name}: {len(clean)} record(s), {doc['configurations']} configuration(s) on "
+          f"{'; '.join(doc['hardware'])} -> {final}" + (f" ({skipped} record(s) left out)" if skipped else ""))
+    return 0
+
+
+def cmd_baseline_name(args) -> int:
+    from bench import results
+
+    try:
+        if args.source:
+            if not Path(args.source).exists():
+                raise BadInput(f"--from {args.source!r} does not exist")
+            ok = [r for r in results.load(args.source, warn=_warn) if r.get("status") == "ok"]
+            if not ok:
+                raise BadInput(f"--from {args.source!r}: no ok records to name a baseline after")
+            print(default_name(ok))
+        else:
+            print(machine_name())
+    except BadInput as e:
+        return _error(str(e))
+    return 0

@@ -1,0 +1,33 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The smallest run that still exercises everything: resnet18 (has BatchNorm) at 32 px.
+TINY = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2",
+        "--warmup", "1", "--steps", "2", "--windows", "3"]
+
+
+def bench(*args, env=None, timeout=600, check=False):
+    """Run the CLI exactly as a user does: ``python -m bench ...`` in a fresh process."""
+    full_env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "bench", *map(str, args)], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"bench {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def records(directory) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))]
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    return tmp_path / "raw"

@@ -1,0 +1,94 @@
+"""ddp_amp_syncbn and horovod: the backends beyond plain DDP, each measured by the same timed loop."""
+import os
+import sys
+
+import pytest
+import torch
+
+from backends import horovod as hvd_backend
+from backends.ddp_amp_syncbn import SYNCBN_CPU
+from tests.conftest import TINY, bench, records
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _horovod_or_skip():
+    reason = hvd_backend.problem()
+    if reason:
+        if os.environ.get("BENCH_REQUIRE_HOROVOD") == "1":
+            pytest.fail(f"BENCH_REQUIRE_HOROVOD=1 but {reason}")
+        pytest.skip(reason)
+
+
+def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir):
+    proc = bench("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, *TINY, "--results", results_dir)
+    assert proc.returncode == 0, proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "skipped" and rec["reason"] == SYNCBN_CPU
+    assert rec["precision"] == "fp16"  # apex O1's default, recorded even when skipped
+    assert "SyncBatchNorm layers only work with GPU modules" in proc.stdout
+
+
+def test_ddp_bf16_autocast_runs_on_cpu(results_dir):
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--precision", "bf16", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok" and rec["precision"] == "bf16"
+    assert rec["replicas_consistent"] is True and rec["throughput"] > 0
+
+
+def test_fp16_on_cpu_is_skipped_not_faked(results_dir):
+    proc = bench("run", "--backends", "single", "--gpus", 1, *TINY, "--precision", "fp16", "--results", results_dir)
+    assert proc.returncode == 0
+    [rec] = records(results_dir)
+    assert rec["status"] == "skipped"
+    assert rec["reason"] == "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"
+
+
+def test_missing_horovod_is_a_clean_skip_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "horovod", None)
+    assert hvd_backend.problem() == "horovod is not installed (make horovod)"
+
+
+@pytest.mark.horovod
+def test_horovod_two_gloo_ranks_identical_replicas(results_dir):
+    _horovod_or_skip()
+    proc = bench("run", "--backends", "horovod", "--gpus", 2, *TINY, "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok", rec["reason"]
+    assert (rec["backend"], rec["launcher"], rec["world_size"]) == ("horovod", "horovodrun", 2)
+    assert rec["replicas_consistent"] is True
+    assert len(rec["window_seconds"]) == 3 and rec["throughput"] > 0
+    assert rec["options"] == {"compression": "none"}
+    info = rec["env"]["horovod"]
+    assert info["version"] and "PyTorch" in info["built"] and any("Gloo" in b for b in info["built"])
+
+
+@pytest.mark.horovod
+def test_horovod_fp16_compression_and_bf16_are_recorded(results_dir):
+    _horovod_or_skip()
+    proc = bench("run", "--backends", "horovod", "--gpus", 2, *TINY, "--precision", "bf16",
+                 "--hvd-compression", "fp16", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["options"] == {"compression": "fp16"} and rec["precision"] == "bf16"
+    assert rec["replicas_consistent"] is True
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_amp_syncbn_on_one_gpu(results_dir, precision):
+    proc = bench("run", "--backends", "ddp_amp_syncbn,ddp", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
+                 "--image-size", 64, "--batch-size", 8, "--warmup", 2, "--steps", 3, "--windows", 3,
+                 "--precision", precision, "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(results_dir)
+    assert {r["status"] for r in recs} == {"ok"}
+    for r in recs:
+        assert r["precision"] == precision and r["device_type"] == "cuda"
+        [mem] = r["memory"]
+        assert mem["peak_reserved_bytes"] >= mem["peak_allocated_bytes"] > 0
+        assert r["memory_imbalance"] == 1.0

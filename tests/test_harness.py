@@ -1,0 +1,163 @@
+"""The harness and the four PyTorch backends, run for real on CPU (gloo), launched as users launch them."""
+import json
+
+import pytest
+
+from bench import results
+from bench.cli import world_sizes
+from bench.worker import build_record
+from tests.conftest import TINY, bench, records
+
+
+def _only_record(directory):
+    recs = records(directory)
+    assert len(recs) == 1, recs
+    return recs[0]
+
+
+def _assert_ok_record(rec, backend, launcher, world_size):
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["schema"] == results.SCHEMA
+    assert (rec["backend"], rec["launcher"], rec["world_size"], rec["device_type"]) == (backend, launcher, world_size, "cpu")
+    assert set(results.REQUIRED_KEYS) <= set(rec)
+    assert len(rec["window_seconds"]) == 3 and all(t > 0 for t in rec["window_seconds"])
+    assert rec["batch_per_device"] == 2 and rec["global_batch"] == 2 * world_size
+    assert (rec["warmup_steps"], rec["steps_per_window"], rec["model"], rec["image_size"]) == (1, 2, "resnet18", 32)
+    assert rec["precision"] == "fp32" and rec["data"] == "synthetic"
+    # throughput is global samples per second, the median over windows, inside its own interval
+    per_window = sorted(rec["global_batch"] * 2 / t for t in rec["window_seconds"])
+    assert rec["throughput"] == pytest.approx(per_window[1])
+    lo, hi = rec["throughput_ci95"]
+    assert lo <= rec["throughput"] <= hi
+    assert rec["per_device_throughput"] == pytest.approx(rec["throughput"] / world_size)
+    assert rec["memory"] == [] and rec["memory_imbalance"] is None  # CPU: no device memory to measure
+    assert len(rec["host_peak_rss_bytes"]) == world_size
+    env = rec["env"]
+    for key in ("torch", "cuda", "nccl", "cudnn", "gpu_names", "gpu_count", "driver", "cpu_count", "hostname",
+                "python", "git_commit", "started_at"):
+        assert key in env
+    assert env["cpu_count"] >= 1 and env["torch"]
+
+
+@pytest.mark.parametrize("backend,launcher", [("ddp", "torchrun"), ("ddp_spawn", "spawn")])
+def test_ddp_two_gloo_ranks_identical_replicas(results_dir, backend, launcher):
+    proc = bench("run", "--backends", backend, "--gpus", 2, *TINY, "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = _only_record(results_dir)
+    _assert_ok_record(rec, backend, launcher, 2)
+    assert rec["replicas_consistent"] is True
+    assert rec["threads_per_rank"] >= 1
+
+
+def test_replica_check_fails_when_replicas_differ(results_dir):
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--results", results_dir,
+                 env={"BENCH_FAULT": "diverge@rank1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = _only_record(results_dir)
+    assert rec["status"] == "ok" and rec["replicas_consistent"] is False
+    assert "replicas DIFFER" in proc.stdout
+
+
+def test_single_and_dp_on_cpu(results_dir):
+    proc = bench("run", "--backends", "single,dp", "--gpus", "1,2", *TINY, "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "single runs on 1 device only" in proc.stderr
+    recs = {(r["backend"], r["world_size"]): r for r in records(results_dir)}
+    assert set(recs) == {("single", 1), ("dp", 1), ("dp", 2)}
+    _assert_ok_record(recs[("single", 1)], "single", "inproc", 1)
+    _assert_ok_record(recs[("dp", 1)], "dp", "inproc", 1)
+    assert recs[("single", 1)]["replicas_consistent"] is None  # one process: nothing to compare
+    assert recs[("dp", 1)]["note"].startswith("nn.DataParallel on CPU calls the module directly")
+    skipped = recs[("dp", 2)]
+    assert skipped["status"] == "skipped" and skipped["throughput"] is None
+    assert skipped["reason"].startswith("nn.DataParallel cannot parallelise on CPU")
+    for line in ("single", "dp", "global img/s", "per-device img/s", "skipped"):
+        assert line in proc.stdout
+
+
+def test_list_names_every_backend_and_launcher():
+    proc = bench("list", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    for name, launcher in [("single", "inproc"), ("dp", "inproc"), ("ddp", "torchrun"), ("ddp_spawn", "spawn")]:
+        assert any(name in line and launcher in line for line in proc.stdout.splitlines()), (name, proc.stdout)
+    assert "nn.DataParallel cannot parallelise on CPU" in proc.stdout
+    assert any(ln.startswith("│ dp ") and "1 device only" in ln for ln in proc.stdout.splitlines())
+
+
+def test_record_roundtrip_never_overwrites(tmp_path):
+    cfg = {"backend": "ddp", "launcher": "torchrun", "world_size": 2, "device_type": "cpu", "model": "resnet18",
+           "image_size": 32, "precision": "fp32", "batch_size": 4, "warmup": 1, "steps": 2, "windows": 3}
+    rec = results.skeleton(cfg, "run-1", {"torch": "x"})
+    rec.update(status="ok", window_seconds=[0.5, 0.4, 0.6], throughput=20.0, throughput_ci95=[16.0, 20.0])
+    path = results.save(rec, tmp_path)
+    assert path.name == "run-1.json" and json.loads(path.read_text()) == rec
+    [loaded] = results.load(tmp_path)
+    assert {k: v for k, v in loaded.items() if k != "_path"} == rec
+    with pytest.raises(FileExistsError):
+        results.save(rec, tmp_path)
+    assert json.loads(path.read_text()) == rec
+    assert [p.name for p in tmp_path.iterdir()] == ["run-1.json"]  # no temporary file left behind
+
+
+def test_load_skips_bad_files_with_one_warning_each(tmp_path):
+    (tmp_path / "half.json").write_text('{"schema": 1, "status": "o')
+    (tmp_path / "old.json").write_text('{"schema": 0}')
+    warnings = []
+    assert results.load(tmp_path, warn=warnings.append) == []
+    assert len(warnings) == 2
+    assert "half.json: not a readable JSON record" in warnings[0]
+    assert "old.json: schema 0, this version reads schema 1" in warnings[1]
+
+
+def test_window_is_the_slowest_rank_and_throughput_the_median():
+    cfg_dict = {"backend": "ddp", "launcher": "torchrun", "world_size": 2, "device_type": "cpu", "model": "m",
+                "image_size": 8, "batch_size": 4, "warmup": 0, "steps": 5, "windows": 3, "precision": "fp32"}
+    from bench.config import RunConfig
+
+    cfg = RunConfig.from_dict(cfg_dict)
+    per_rank = [
+        {"window_seconds": [1.0, 2.0, 1.0], "memory": [], "param_sha256": "a", "host_peak_rss_bytes": 1},
+        {"window_seconds": [1.5, 1.0, 1.0], "memory": [], "param_sha256": "a", "host_peak_rss_bytes": 2},
+    ]
+    rec = build_record(cfg, {"run_id": "r", "env": {}, "threads_per_rank": 1}, per_rank)
+    assert rec["window_seconds"] == [1.5, 2.0, 1.0]
+    assert rec["throughput"] == pytest.approx(40 / 1.5)  # 8 samples x 5 steps over the median window
+    assert rec["replicas_consistent"] is True
+    per_rank[1]["param_sha256"] = "b"
+    assert build_record(cfg, {"run_id": "r", "env": {}, "threads_per_rank": 1}, per_rank)["replicas_consistent"] is False
+
+
+def test_world_sizes_sweep_powers_of_two_and_the_top():
+    assert world_sizes(None, "4", "cuda", 8) == [1, 2, 4]
+    assert world_sizes(None, "6", "cuda", 8) == [1, 2, 4, 6]
+    assert world_sizes(None, "all", "cuda", 8) == [1, 2, 4, 8]
+    assert world_sizes("2,1", None, "cpu", 2) == [1, 2]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--backends", "nope"], "bench: error: unknown backend nope; choose from single, dp, ddp, ddp_spawn"),
+    (["--model", "notamodel"], "bench: error: unknown model 'notamodel'; choose a torchvision classification model: "),
+    (["--gpus", "64"], "bench: error: --gpus 64: this machine has "),
+    (["--batch-size", "0"], "bench: error: batch-size must be a positive integer, got 0"),
+    (["--steps", "-1"], "bench: error: steps must be a positive integer, got -1"),
+    (["--windows", "0"], "bench: error: windows must be a positive integer, got 0"),
+    (["--precision", "fp8"], "bench: error: unknown precision 'fp8'; choose from fp32, fp16, bf16"),
+    (["--gpus", "one"], "bench: error: --gpus 'one': expected comma-separated positive integers such as 1,2,4"),
+])
+def test_bad_input_is_one_clear_line(results_dir, args, message):
+    # TINY comes first so that the bad value given afterwards wins
+    proc = bench("run", "--backends", "single", "--gpus", 1, *TINY, *args, "--results", results_dir)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not results_dir.exists() or records(results_dir) == []
+
+
+def test_unwritable_results_directory(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = bench("run", "--backends", "single", "--gpus", 1, *TINY, "--results", blocker / "raw")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(f"bench: error: results directory '{blocker / 'raw'}' is not writable")
+    assert len(proc.stderr.strip().splitlines()) == 1

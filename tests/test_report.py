@@ -1,0 +1,233 @@
+"""The comparison report on hand-built records: exact table values, baselines, sections, plots, bad files."""
+import argparse
+import itertools
+import json
+import sys
+
+import pandas as pd
+import pytest
+
+from bench import report, results
+from tests.conftest import REPO, bench
+
+GiB = 2 ** 30
+H100 = "NVIDIA H100 80GB HBM3"
+KINDS = ("throughput", "efficiency", "memory", "step-time")
+_ids = itertools.count()
+
+
+def make(backend, n, thr=None, status="ok", device="cuda", precision="fp32", reserved=None, reason=None,
+         note=None, options=None, windows=3, model="resnet50", env=None):
+    """A schema-1 record whose every window runs at exactly ``thr`` global img/s (so the median is ``thr``)."""
+    cfg = dict(backend=backend, launcher="torchrun", world_size=n, device_type=device, model=model, image_size=224,
+               precision=precision, batch_size=64, warmup=5, steps=10, windows=windows, note=note,
+               options=options or {})
+    env = {"torch": "2.5.1+cu124", "torchvision": "0.20.1", "cuda": "12.4", "nccl": "2.21.5", "cudnn": 90100,
+           "driver": "550.54.15", "gpu_count": 4, "gpu_names": [H100] * 4, "cpu_count": 32, "cpu_model": "EPYC",
+           "hostname": "node1", "python": "3.11.7", "git_commit": "abc123", "horovod": None, "topology": None,
+           "started_at": "2026-01-01T00:00:00+00:00", **(env or {})}
+    if device == "cpu":
+        env.update(cuda_available=False, gpu_count=0, gpu_names=[], driver=None, cpu_count=2, cpu_model="Xeon")
+    rec = results.skeleton(cfg, f"20260101T000000Z-{backend}-w{n}-{next(_ids):06d}", env)
+    rec.update(status=status, reason=reason, host_peak_rss_bytes=[GiB] * n if device == "cpu" else [])
+    if status == "ok":
+        secs = rec["global_batch"] * rec["steps_per_window"] / thr
+        rec.update(window_seconds=[secs] * windows, throughput=thr, throughput_ci95=[thr, thr],
+                   per_device_throughput=thr / n, replicas_consistent=True)
+        if device == "cuda":
+            reserved = reserved or [10 * GiB] * n
+            rec["memory"] = [{"rank": 0 if backend == "dp" else i, "device_index": i, "device_name": H100,
+                              "peak_allocated_bytes": int(b * 0.8), "peak_reserved_bytes": int(b),
+                              "nvml_used_bytes": int(b) + GiB} for i, b in enumerate(reserved)]
+    return rec
+
+
+def write(tmp_path, *recs):
+    raw = tmp_path / "raw"
+    for rec in recs:
+        results.save(rec, raw)
+    return raw
+
+
+def run_report(raw, out, capsys=None):
+    """In-process (fast); one test below goes through the real CLI."""
+    code = report.cmd_report(argparse.Namespace(results=str(raw), out=str(out)))
+    return code, (capsys.readouterr() if capsys else None)
+
+
+def summary(out) -> pd.DataFrame:
+    return pd.read_csv(out / "summary.csv")
+
+
+def row(df, backend, n, **match):
+    sel = df[(df.backend == backend) & (df.world_size == n)]
+    for k, v in match.items():
+        sel = sel[sel[k] == v]
+    assert len(sel) == 1, sel
+    return sel.iloc[0]
+
+
+def assert_plots(out, count=1):
+    for kind in KINDS:
+        pngs = sorted((out / "plots").glob(f"*-{kind}.png"))
+        assert len(pngs) == count, (kind, pngs)
+        for png in pngs:
+            data = png.read_bytes()
+            assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, png
+            svg = png.with_suffix(".svg")
+            assert svg.stat().st_size > 5_000 and b"<svg" in svg.read_bytes()[:500]
+
+
+FULL_SWEEP = [("single", 1, 100.0), ("dp", 1, 95.0), ("dp", 2, 150.0), ("dp", 4, 240.0),
+              ("ddp", 1, 98.0), ("ddp", 2, 180.0), ("ddp", 4, 360.0)]
+
+
+def test_full_sweep_through_the_cli(tmp_path):
+    recs = [make(b, n, t) for b, n, t in FULL_SWEEP]
+    recs[3] = make("dp", 4, 240.0, reserved=[20 * GiB, 12 * GiB, 12 * GiB, 12 * GiB])  # DataParallel's GPU 0
+    recs += [make("ddp_amp_syncbn", 1, 200.0, precision="fp16"), make("ddp_amp_syncbn", 2, 390.0, precision="fp16")]
+    raw, out = write(tmp_path, *recs), tmp_path / "rep"
+    proc = bench("report", "--results", raw, "--out", out, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert str((out / "REPORT.md").resolve()) in proc.stdout
+    assert "| **ddp** ★ | 4 | fp32 | 1 (3) | 360.0 img/s | 360.0 – 360.0 img/s | 90.0 img/s |" in proc.stdout
+
+    df = summary(out)
+    assert len(df) == 9
+    # thr(b, N) / (N x thr(single, 1)), exactly from the inputs
+    for b, n, eff in [("single", 1, 100.0), ("ddp", 2, 90.0), ("ddp", 4, 90.0), ("dp", 2, 75.0), ("dp", 4, 60.0)]:
+        assert row(df, b, n).eff_vs_single_pct == pytest.approx(eff, abs=1e-3)
+    assert row(df, "dp", 4).eff_vs_own_ws1_pct == pytest.approx(100 * 240 / (4 * 95), abs=1e-3)
+    assert row(df, "ddp", 2).eff_vs_own_ws1_pct == pytest.approx(100 * 180 / (2 * 98), abs=1e-3)
+    # fp16 AMP has no fp16 single baseline: empty, not 0 and not 100 %; its own world-size-1 run is there
+    assert pd.isna(row(df, "ddp_amp_syncbn", 2).eff_vs_single_pct)
+    assert row(df, "ddp_amp_syncbn", 2).eff_vs_own_ws1_pct == pytest.approx(97.5, abs=1e-3)
+    assert row(df, "dp", 4).per_device_img_s == pytest.approx(60.0, abs=1e-3)
+    # best per world size: AMP wins at 1 and 2 (it is in the table), ddp at 4
+    assert set(df[df.best_at_world_size].apply(lambda r: (r.backend, r.world_size), axis=1)) == {
+        ("ddp_amp_syncbn", 1), ("ddp_amp_syncbn", 2), ("ddp", 4)}
+
+    md = (out / "REPORT.md").read_text()
+    assert f"4 × {H100}" in md and "driver 550.54.15" in md and "NCCL 2.21.5" in md and "CUDA 12.4" in md
+    assert "CPU figures" not in md
+    assert "| **ddp_amp_syncbn** ★ | 2 | fp16 | 1 (3) | 390.0 img/s |" in md
+    assert "| ddp | 4 | fp32 | 360.0 img/s | 90.0 % | 91.8 % |" in md
+    assert "| dp | 4 | fp32 | 240.0 img/s | 60.0 % | 63.2 % |" in md
+    assert "| ddp_amp_syncbn | 2 | fp16 | 390.0 img/s |  | 97.5 % |" in md
+    # memory: DataParallel's GPU-0 excess is visible (20 vs 12 GiB: imbalance 20/14, +8 GiB over the others)
+    dp4 = next(line for line in md.splitlines() if line.startswith("| dp | 4 | 2026"))
+    assert "0: 20.00 · 1: 12.00 · 2: 12.00 · 3: 12.00 GiB" in dp4
+    assert "1.43 × (max/mean)" in dp4 and "+8.00 GiB" in dp4
+    assert row(df, "dp", 4).memory_imbalance == pytest.approx(20 / 14, abs=1e-3)
+    assert "**4. Skipped and failed runs**\n\nNone." in md
+    assert_plots(out)
+
+
+def test_missing_baseline_leaves_the_cell_empty(tmp_path, capsys):
+    raw = write(tmp_path, make("ddp", 1, 100.0), make("ddp", 2, 150.0))
+    code, _ = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    df = summary(tmp_path / "rep")
+    assert df.eff_vs_single_pct.isna().all()
+    assert row(df, "ddp", 2).eff_vs_own_ws1_pct == pytest.approx(75.0)
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert "| ddp | 2 | fp32 | 150.0 img/s |  | 75.0 % |" in md
+    assert_plots(tmp_path / "rep")
+
+
+def test_skipped_and_failed_runs_are_listed_with_reasons(tmp_path, capsys):
+    raw = write(tmp_path, make("single", 1, 100.0), make("ddp", 2, 180.0),
+                make("ddp", 2, status="failed", reason="rank 1 exited with code 1 (NCCL timeout)"),
+                make("horovod", 2, status="skipped", reason="horovod is not installed: run make horovod"),
+                make("dp", 2, 150.0, note="a caveat worth reading"))
+    code, cap = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    failed = md.split("**4. Skipped and failed runs**")[1]
+    assert "| ddp | 2 | resnet50 224px b64 | fp32 | failed | rank 1 exited with code 1 (NCCL timeout) |" in failed
+    assert "| horovod | 2 | resnet50 224px b64 | fp32 | skipped | horovod is not installed: run make horovod |" in failed
+    assert "horovod" not in md.split("**4.")[0].split("**2.")[0]  # not in the throughput table
+    assert "- `dp` ×2: a caveat worth reading" in md
+    df = summary(tmp_path / "rep")
+    assert (row(df, "ddp", 2).runs_ok, row(df, "ddp", 2).runs_not_ok) == (1, 1)
+    assert row(df, "horovod", 2).status == "skipped" and pd.isna(row(df, "horovod", 2).global_img_s)
+
+
+def test_several_runs_of_one_configuration_pool_their_windows(tmp_path, capsys):
+    raw = write(tmp_path, make("single", 1, 100.0), make("single", 1, 120.0))
+    run_report(raw, tmp_path / "rep", capsys)
+    r = row(summary(tmp_path / "rep"), "single", 1)
+    assert (r.runs_ok, r.global_img_s) == (2, pytest.approx(110.0))  # median of 3 x 100 and 3 x 120
+    assert r.ci95_low_img_s <= 110.0 <= r.ci95_high_img_s
+    assert "| 2 (6) | 110.0 img/s |" in (tmp_path / "rep" / "REPORT.md").read_text()
+
+
+def test_mixed_devices_get_separate_sections(tmp_path, capsys):
+    raw = write(tmp_path, make("single", 1, 1000.0), make("ddp", 2, 1800.0),
+                make("ddp", 1, 40.0, device="cpu"), make("ddp", 2, 60.0, device="cpu"))
+    code, cap = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    gpu, cpu = md.split(f"## {H100} (cuda)")[1].split("## CPU: Xeon (cpu)")
+    assert "1,800.0 img/s" in gpu and "60.0 img/s" not in gpu and "CPU figures" not in gpu
+    assert "60.0 img/s" in cpu and "1,800.0 img/s" not in cpu and "say nothing about GPU scaling" in cpu
+    assert "| ddp | 2 | fp32 | 60.0 img/s |  | 75.0 % |" in cpu  # never the GPU single as a CPU baseline
+    assert "host peak RSS" in cpu and "| ddp | 2 | 2026" in cpu and "0: 1.00 · 1: 1.00 GiB" in cpu
+    df = summary(tmp_path / "rep")
+    assert row(df, "ddp", 2, device_type="cuda").eff_vs_single_pct == pytest.approx(90.0)
+    assert pd.isna(row(df, "ddp", 2, device_type="cpu").eff_vs_single_pct)
+    assert "CPU figures: nothing about GPU scaling" in cap.out
+    assert_plots(tmp_path / "rep", count=2)
+
+
+def test_cpu_only_records_render_with_the_cpu_caveat(tmp_path, capsys):
+    raw = write(tmp_path, *[make(b, n, t, device="cpu") for b, n, t in [("single", 1, 50.0), ("ddp", 2, 80.0)]])
+    code, cap = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert "CPU, 2 cores" in md and "say nothing about GPU scaling" in md and "| ddp | 2 | fp32 | 80.0 img/s | 80.0 % |" in md
+    assert "| **ddp** ★ | 2 |" in cap.out
+    assert_plots(tmp_path / "rep")
+
+
+def test_bad_files_are_skipped_with_one_warning_each(tmp_path, capsys):
+    raw = write(tmp_path, make("single", 1, 100.0), make("ddp", 2, 180.0))
+    (raw / "half.json").write_text('{"schema": 1, "run_id": "x", "stat')
+    (raw / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    (raw / "future.json").write_text(json.dumps({**make("ddp", 4, 1.0), "schema": 2}))
+    bad = make("ddp", 8, 1.0)
+    bad.update(window_seconds=[], throughput=None)
+    (raw / "no-windows.json").write_text(json.dumps(bad))
+    code, cap = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    warnings = [line for line in cap.err.splitlines() if line]
+    assert len(warnings) == 4 and all(w.startswith("warning: skipping") for w in warnings)
+    for name in ("half.json", "binary.json", "future.json", "no-windows.json"):
+        assert sum(name in w for w in warnings) == 1
+    assert row(summary(tmp_path / "rep"), "ddp", 2).eff_vs_single_pct == pytest.approx(90.0)
+    assert "## Files not read" in (tmp_path / "rep" / "REPORT.md").read_text()
+
+
+def test_horovod_build_in_header_and_options_in_label(tmp_path, capsys):
+    hvd = {"version": "0.28.1", "controllers": "gloo, mpi", "tensor_ops": "nccl, gloo"}
+    raw = write(tmp_path, make("single", 1, 100.0),
+                make("horovod", 2, 170.0, options={"compression": "fp16"}, env={"horovod": hvd}))
+    run_report(raw, tmp_path / "rep", capsys)
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert "**Horovod build:** version 0.28.1, controllers gloo, mpi, tensor_ops nccl, gloo" in md
+    assert "| horovod (compression=fp16) | 2 | fp32 | 170.0 img/s | 85.0 % |" in md  # options not matched
+
+
+def test_missing_or_empty_results_directory(tmp_path, capsys):
+    assert run_report(tmp_path / "nope", tmp_path / "rep")[0] == 2
+    (tmp_path / "empty").mkdir()
+    assert run_report(tmp_path / "empty", tmp_path / "rep")[0] == 1
+
+
+def test_help_does_not_import_pandas_or_matplotlib():
+    code = ("import sys, bench.cli\np = bench.cli.build_parser()\n"
+            "assert not {'pandas', 'matplotlib'} & set(sys.modules), sorted(sys.modules)")
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
