@@ -446,8 +446,9 @@ def env_header(rows: list[dict]) -> list[str]:
                  f"cuDNN {vals('cudnn')}, NCCL {vals('nccl')}, Python {vals('python')}"
                  + (" (CPU runs: gloo; the CUDA/NCCL builds were not used)" if device == "cpu" else ""))
     hvd = dict.fromkeys(json.dumps(e["horovod"]) for e in env if e.get("horovod"))
-    lines.append("- **Horovod build:** " + ("; ".join(", ".join(f"{k} {v}" for k, v in json.loads(h).items())
-                                                      for h in hvd) or "not used"))
+    builds = [json.loads(h) for h in hvd]
+    lines.append("- **Horovod build:** " + (" | ".join(f"{b.pop('version', '?')} (" + "; ".join(
+        f"{k}: {v}" for k, v in b.items()) + ")" for b in builds) or "not used"))
     lines.append(f"- **Host:** {vals('hostname')}; git {vals('git_commit')}; runs from "
                  f"{min(str(e.get('started_at')) for e in env)} to "
                  f"{max(str(rec.get('finished_at') or e.get('started_at')) for rec, e in zip(recs, env))}")

@@ -104,7 +104,7 @@ def test_slowdown_table_in_markdown(tmp_path, capsys):
     assert [h.strip() for h in header.strip("|").split("|")] == [
         "config", "baseline img/s", "current img/s", "ratio", "p-value", "peak memory (GiB)", "verdict", "notes"]
     row = next(line for line in out.splitlines() if line.startswith("| ddp x2"))
-    assert "**slower**" in row and "0.800" in row and "(n=10)" in row
+    assert "**slower**" in row and "| 0.80" in row and "(n=10)" in row
     assert "Mann-Whitney U" in out and "**REGRESSION**" in out
 
 
@@ -119,12 +119,13 @@ def test_three_percent_under_five_percent_threshold_passes(tmp_path, capsys):
 
 
 def test_twenty_percent_in_huge_variance_is_not_significant(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1, sigma=0.5))], [record(windows(2, scale=1.25, sigma=0.5))])
+    # sigma 0.5: windows spread over about 0.6x-1.6x of their median, 10 a side; these seeds' medians differ by 21%
+    b, c = pair(tmp_path, [record(windows(9, sigma=0.5))], [record(windows(10, scale=1.25, sigma=0.5))])
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     row = only_row(data)
     assert code == 0
-    assert row["verdict"] == "no significant change" and row["p_value"] >= 0.01
-    assert row["ratio"] < 0.95  # the medians do differ by more than the threshold: significance is what's missing
+    assert row["verdict"] == "no significant change" and row["p_value"] > 0.1
+    assert row["ratio"] == pytest.approx(0.79, abs=0.01)  # beyond the threshold: significance is what's missing
 
 
 def test_faster_is_reported_and_passes(tmp_path, capsys):

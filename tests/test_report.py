@@ -215,7 +215,7 @@ def test_horovod_build_in_header_and_options_in_label(tmp_path, capsys):
                 make("horovod", 2, 170.0, options={"compression": "fp16"}, env={"horovod": hvd}))
     run_report(raw, tmp_path / "rep", capsys)
     md = (tmp_path / "rep" / "REPORT.md").read_text()
-    assert "**Horovod build:** version 0.28.1, controllers gloo, mpi, tensor_ops nccl, gloo" in md
+    assert "**Horovod build:** 0.28.1 (controllers: gloo, mpi; tensor_ops: nccl, gloo)" in md
     assert "| horovod (compression=fp16) | 2 | fp32 | 170.0 img/s | 85.0 % |" in md  # options not matched
 
 
