@@ -55,8 +55,9 @@ class Backend:
         pass
 
     # -- shared building blocks ----------------------------------------------------------------------
-    def init_training(self, cfg, model: torch.nn.Module, batch: int, data_device=None) -> None:
-        """Optimizer, precision and a fixed synthetic batch on ``data_device`` (the model's by default).
+    def init_training(self, cfg, model: torch.nn.Module, feed_batch: int, data_device=None) -> None:
+        """Optimizer and precision for ``model``; ``feed_batch`` samples per step arrive on ``data_device``
+        (the model's device by default) from ``self.batches``, which the harness sets after setup.
 
         ``self.model`` is what is called (possibly a wrapper); ``self.module`` is the bare model whose
         parameters the harness checksums.
@@ -64,23 +65,19 @@ class Backend:
         self.model = model
         self.module = getattr(model, "module", model)
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-        self.precision = cfg.precision
         self.autocast_dtype = AUTOCAST_DTYPES.get(cfg.precision)
         self.device_type = cfg.device_type
         self.scaler = torch.amp.GradScaler(cfg.device_type) if cfg.precision == "fp16" else None
-        # Different data on every rank (as in real training), the same on every run.
-        gen = torch.Generator().manual_seed(1000 + self.rank)
-        self.inputs = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=gen)
-        self.targets = torch.randint(0, 1000, (batch,), generator=gen)
-        device = data_device or self.device
-        self.inputs, self.targets = self.inputs.to(device), self.targets.to(device)
+        self.feed_batch, self.data_device = feed_batch, data_device or self.device
+        self.batches = None
 
     def forward_loss(self) -> torch.Tensor:
+        inputs, targets = next(self.batches)
         with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-            out = self.model(self.inputs)
+            out = self.model(inputs)
             if not isinstance(out, torch.Tensor):  # inception/googlenet return (logits, aux...) in training
                 out = out[0]
-            return F.cross_entropy(out, self.targets)
+            return F.cross_entropy(out, targets)
 
     def step(self) -> None:
         loss = self.forward_loss()

@@ -22,7 +22,7 @@ class DataParallel(Backend):
         self.device_ids = list(range(cfg.world_size)) if cfg.device_type == "cuda" else None
         model = torch.nn.DataParallel(build_model(cfg).to(self.device), device_ids=self.device_ids)
         # The global batch comes from this one process and is split across the replicas.
-        self.init_training(cfg, model, cfg.batch_size * cfg.world_size)
+        self.init_training(cfg, model, cfg.batch_size * cfg.world_size)  # scattered from GPU 0
 
     def devices(self):
         if self.device_ids is None:

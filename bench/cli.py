@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import backends
+from bench import data
 from bench.config import DEFAULTS, PRECISIONS, ConfigError, RunConfig
 
 CPU_DEFAULT_MAX_WORKERS = 4
@@ -112,14 +113,20 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
                 notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world size {n}")
                 continue
             cfg = RunConfig(
-                backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
+                data=args.data, data_dir=args.data_dir, workers=args.workers, backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
                 image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
                 warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
                 windows=_pick(args.windows, d["windows"]), precision=args.precision or backend.default_precision,
                 timeout=args.timeout, options=backend_options(name, args),
             ).validate()
             cfg.note = backend.note(cfg)
+            if cfg.data == "imagenet" and cfg.workers is None:
+                cfg.workers = data.default_workers(1 if cfg.launcher == "inproc" else n)
             configs.append(cfg)
+    if args.data == "imagenet":
+        data.check_imagenet(args.data_dir, max(c.global_batch for c in configs) if configs else 1)
+    elif args.data_dir:
+        raise UsageError("--data-dir is for --data imagenet; synthetic data needs no directory")
     return configs, notes
 
 
@@ -175,6 +182,34 @@ def _horovod_info(configs) -> dict | None:
     return horovod.build_info()
 
 
+def cmd_loader(args) -> int:
+    """The ceiling the CPUs put on any backend: decode + augment throughput with no model at all."""
+    import time
+
+    import torch
+
+    for name in ("batch_size", "image_size", "batches"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    workers = data.default_workers(1) if args.workers is None else args.workers
+    if workers < 0:
+        raise UsageError(f"--workers must be a non-negative integer, got {workers}")
+    data.check_imagenet(args.data_dir, args.batch_size)
+    loader = data.imagenet_loader(args.data_dir, args.image_size, args.batch_size, workers, 0, 1,
+                                  distributed=False, pin_memory=False)
+    batches = data.TimedBatches(loader, torch.device("cpu"))
+    for _ in range(5):
+        next(batches)
+    t0 = time.perf_counter()
+    for _ in range(args.batches):
+        next(batches)
+    seconds = time.perf_counter() - t0
+    print(f"loader: {args.batches * args.batch_size / seconds:.1f} img/s with {workers} workers "
+          f"({args.batches} batches of {args.batch_size} at {args.image_size} px in {seconds:.2f} s; "
+          f"{batches.skipped} unreadable images skipped)")
+    return 0
+
+
 def cmd_list(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -225,8 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, help="seconds per run before it is killed (default scales with steps)")
     r.add_argument("--hvd-compression", default="none", choices=("none", "fp16"),
                    help="horovod gradient compression (default none: like-for-like with fp32 DDP)")
+    r.add_argument("--data", default="synthetic", help="synthetic (a fixed batch on the device) | imagenet")
+    r.add_argument("--data-dir", help="ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)")
+    r.add_argument("--workers", type=int, help="DataLoader processes per rank (default: its share of the cores - 1)")
     r.add_argument("--results", default="results/raw", help="directory for the records (default results/raw)")
     r.set_defaults(func=cmd_run)
+
+    ld = sub.add_parser("loader", help="measure the ImageNet input pipeline alone (img/s, no model)")
+    ld.add_argument("--data-dir", required=True)
+    ld.add_argument("--workers", type=int, help="DataLoader processes (default: all cores but one)")
+    ld.add_argument("--batch-size", type=int, default=64)
+    ld.add_argument("--image-size", type=int, default=224)
+    ld.add_argument("--batches", type=int, default=50, help="batches to time after 5 warm-up batches")
+    ld.set_defaults(func=cmd_loader)
 
     ls = sub.add_parser("list", help="every registered backend, its launcher, and whether it can run here")
     ls.add_argument("--device", default="auto")
@@ -249,7 +295,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
-    except (UsageError, ConfigError) as e:
+    except (UsageError, ConfigError, data.DataError) as e:
         fail(str(e))
     sys.exit(code)
 

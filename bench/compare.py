@@ -110,7 +110,8 @@ def register(sub) -> None:
     s.add_argument("--latest", action="store_true", help="keep only the latest ok run of each configuration")
     s.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
     s.set_defaults(func=cmd_baseline_save)
-    n = bsub.add_parser("name", help="print the default baseline name (from records, or from this machine's GPU/CPU)")
+    n = bsub.add_parser("name", help="print the default baseline name: the hardware of --from's records, or of "
+                                     "this machine (CUDA device 0, else the CPU model)")
     n.add_argument("--from", dest="source", metavar="DIR", help="derive the name from these records' hardware")
     n.set_defaults(func=cmd_baseline_name)
 
@@ -549,12 +550,17 @@ def default_name(recs: list[dict]) -> str:
 
 
 def machine_name() -> str:
-    """The default baseline name for this machine: its first GPU model, or its CPU model without NVML GPUs."""
+    """The default baseline name for this machine: the model of CUDA device 0, or the CPU model without CUDA.
+
+    The GPU name comes from torch, as in the records' ``memory[].device_name`` that ``results.hardware``
+    reads, so the name matches what ``bench run --device auto`` will record here.
+    """
+    import torch
+
     from bench import results
 
-    gpus = results.nvml_gpus()
-    if gpus.get("count"):
-        return slug(gpus["names"][0])
+    if torch.cuda.is_available():
+        return slug(torch.cuda.get_device_name(0))
     return slug(f"CPU: {results._cpu_model() or 'unknown'}")
 
 

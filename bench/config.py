@@ -34,6 +34,8 @@ class RunConfig:
     windows: int
     precision: str = "fp32"
     data: str = "synthetic"
+    data_dir: str | None = None
+    workers: int | None = None  # DataLoader processes per rank (real data only)
     seed: int = 0
     timeout: float | None = None
     note: str | None = None
@@ -48,6 +50,10 @@ class RunConfig:
             raise ConfigError(f"warmup must be a non-negative integer, got {self.warmup!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.data not in ("synthetic", "imagenet"):
+            raise ConfigError(f"unknown data {self.data!r}; choose from synthetic, imagenet")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
         if self.device_type not in DEVICE_TYPES:
             raise ConfigError(f"unknown device type {self.device_type!r}; choose from {', '.join(DEVICE_TYPES)}")
         return self

@@ -4,11 +4,11 @@ Runs of one configuration (``results.config_key``) are pooled: every timed windo
 throughput sample, summarised by its median and a 95% bootstrap interval. Different device types or
 hardware models never share a table: one section per (device type, hardware), each with its own header.
 Inside a section, one block per workload (model, image size, per-device batch, data); precision is a
-column there because comparing AMP against fp32 backends is part of the question.
+column there, because AMP against fp32 is one of the comparisons the suite exists for.
 
-Scaling efficiency is computed here, never stored: thr(backend, N) / (N x thr(single, 1)), the baseline
-matched on ``BASELINE_MATCH``. Backend options (e.g. Horovod compression) are backend-specific knobs and
-are not matched against ``single``; the own-world-size-1 baseline matches the full configuration.
+Scaling efficiency is computed here, never stored: thr(backend, N) / (N x thr(single, 1)) with the
+baseline matched on ``BASELINE_MATCH``. Backend options (Horovod compression) are the backend's own knobs
+and are not matched against ``single``; the own-world-size-1 baseline matches everything but N.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from pathlib import Path
 GiB = 2 ** 30
 BASELINE = "single"
 BASELINE_MATCH = ("model", "image_size", "precision", "batch_per_device", "data", "device_type", "hardware")
-OWN_MATCH = BASELINE_MATCH + ("backend", "options")  # own@1: everything but the world size
+OWN_MATCH = BASELINE_MATCH + ("backend", "options")
 SECTION = ("device_type", "hardware")
 WORKLOAD = ("model", "image_size", "batch_per_device", "data")
-ORDER = ("single", "dp", "ddp", "ddp_spawn", "ddp_amp_syncbn", "horovod")
+ORDER = ("single", "dp", "ddp", "ddp_spawn", "ddp_amp_syncbn", "horovod")  # table order; others follow
 STAR = "★"
 CSV_FIRST = ["device_type", "hardware", "model", "image_size", "batch_per_device", "data", "precision", "backend",
              "options", "world_size"]
@@ -60,8 +60,7 @@ def cmd_report(args) -> int:
     (out / "REPORT.md").write_text(md)
     csv = summary.drop(columns=["_recs", "_samples"]).infer_objects().round(3)
     csv[CSV_FIRST + [c for c in csv.columns if c not in CSV_FIRST]].to_csv(out / "summary.csv", index=False)
-    print("\n".join(console))
-    print(f"\nreport: {(out / 'REPORT.md').resolve()}")
+    print("\n".join(console) + f"\n\nreport: {(out / 'REPORT.md').resolve()}")
     return 0
 
 
@@ -69,7 +68,7 @@ def cmd_report(args) -> int:
 # Loading and pooling
 
 def usable_records(src: Path, warn) -> list[dict]:
-    """Records that can be grouped; a malformed one is skipped with one warning, never raised."""
+    """Records that can be grouped and summarised; a malformed one is skipped with one warning."""
     from bench import results
 
     out = []
@@ -78,26 +77,30 @@ def usable_records(src: Path, warn) -> list[dict]:
             rec["_key"] = dict(zip(results.CONFIG_KEYS, results.config_key(rec)))
             if not isinstance(rec["world_size"], int) or rec["world_size"] < 1:
                 raise ValueError(f"world_size {rec['world_size']!r}")
+            device_memory(rec)  # raises on malformed memory entries
             if rec["status"] == "ok" and not window_throughputs(rec):
-                raise ValueError("status ok but no timed windows or throughput")
+                raise ValueError("status ok but no timed windows")
             out.append(rec)
-        except Exception as e:  # noqa: BLE001 - any malformed field: skip this record, keep the report
+        except Exception as e:  # noqa: BLE001 - whatever is malformed: skip this record, keep the report
             warn(f"skipping {rec.get('_path')}: malformed record ({type(e).__name__}: {e})")
     return out
 
 
 def window_throughputs(rec: dict) -> list[float]:
-    """Global img/s of each raw window (falls back to the stored median if the windows are missing)."""
-    from bench import stats
-
+    """Global img/s of each raw timed window."""
     secs = [float(s) for s in rec.get("window_seconds") or []]
-    if secs and min(secs) > 0:
-        return list(stats.window_throughputs(secs, rec["global_batch"] * rec["steps_per_window"]))
-    return [float(rec["throughput"])] if isinstance(rec.get("throughput"), (int, float)) else []
+    return [rec["global_batch"] * rec["steps_per_window"] / s for s in secs] if secs and min(secs) > 0 else []
+
+
+def device_memory(rec: dict) -> list[dict]:
+    """Per-device peak memory in bytes, ordered by device index (empty on CPU)."""
+    mem = sorted(rec.get("memory") or [], key=lambda m: (m.get("device_index") is None, m.get("device_index")))
+    return [{"index": m.get("device_index", i), "reserved": m.get("peak_reserved_bytes"),
+             "allocated": m.get("peak_allocated_bytes"), "nvml": m.get("nvml_used_bytes")} for i, m in enumerate(mem)]
 
 
 def summarise(recs: list[dict]):
-    """One row per configuration: pooled throughput, efficiency, memory, counts."""
+    """One row per configuration: pooled throughput, memory, counts, then efficiency and the best mark."""
     import pandas as pd
     from bench import results, stats
 
@@ -113,27 +116,24 @@ def summarise(recs: list[dict]):
                    global_img_s=None, ci95_low_img_s=None, ci95_high_img_s=None, per_device_img_s=None)
         if samples:
             med, (lo, hi) = stats.median_ci95(samples)
-            row.update(global_img_s=med, ci95_low_img_s=lo, ci95_high_img_s=hi,
-                       per_device_img_s=med / row["world_size"])
+            row.update(global_img_s=med, ci95_low_img_s=lo, ci95_high_img_s=hi, per_device_img_s=med / row["world_size"])
         dev = [device_memory(r) for r in ok]
-        res = [m["reserved"] for d in dev for m in d if m["reserved"] is not None]
-        alloc = [m["allocated"] for d in dev for m in d if m["allocated"] is not None]
-        rss = [b for r in ok for b in r.get("host_peak_rss_bytes") or [] if b is not None]
-        # GPU: reserved per device; CPU: host RSS per rank, the only memory measure there
+        peak = lambda field: max([m[field] for d in dev for m in d if m[field]], default=None)  # noqa: E731
+        rss = [b for r in ok for b in r.get("host_peak_rss_bytes") or [] if b]
+        # imbalance: reserved bytes over the GPUs; on CPU, host RSS over the ranks (the only measure there)
         imb = [stats.imbalance([m["reserved"] for m in d] if d else r.get("host_peak_rss_bytes") or [])
                for d, r in zip(dev, ok)]
-        imb = [x for x in imb if x is not None]
-        row.update(peak_reserved_max_gib=max(res) / GiB if res else None,
-                   peak_allocated_max_gib=max(alloc) / GiB if alloc else None,
-                   host_rss_max_gib=max(rss) / GiB if rss else None, memory_imbalance=max(imb) if imb else None,
-                   _recs=group, _samples=samples)
+        row.update(peak_reserved_max_gib=peak("reserved") and peak("reserved") / GiB,
+                   peak_allocated_max_gib=peak("allocated") and peak("allocated") / GiB,
+                   host_rss_max_gib=max(rss) / GiB if rss else None,
+                   memory_imbalance=max([x for x in imb if x is not None], default=None), _recs=group, _samples=samples)
         rows.append(row)
     s = add_efficiency(pd.DataFrame(rows)).astype(object)
-    return s.where(s.notna(), None)  # None, not NaN: an empty cell in the tables
+    return s.where(s.notna(), None)  # None, never NaN: an empty cell in the tables
 
 
 def add_efficiency(s):
-    """Efficiency (%) against single@1 and against the backend's own world-size-1 run; None if no baseline."""
+    """Efficiency (%) against single@1 and against the backend's own world-size-1 run; None: no baseline."""
     rows = s.to_dict("records")
     key = lambda r, keys: tuple(r[k] for k in keys)  # noqa: E731
     at1 = [r for r in rows if r["world_size"] == 1 and r["global_img_s"]]
@@ -144,18 +144,11 @@ def add_efficiency(s):
                   if r["global_img_s"] and key(r, keys) in base else None for r in rows]
     best = {}
     for i, r in enumerate(rows):
-        k = tuple(r[c] for c in SECTION + WORKLOAD) + (r["world_size"],)
+        k = key(r, SECTION + WORKLOAD + ("world_size",))
         if r["global_img_s"] and (k not in best or r["global_img_s"] > rows[best[k]]["global_img_s"]):
             best[k] = i
     s["best_at_world_size"] = [i in best.values() for i in range(len(rows))]
     return s
-
-
-def device_memory(rec: dict) -> list[dict]:
-    """Per-device peak memory in bytes, ordered by device index (empty on CPU)."""
-    mem = sorted(rec.get("memory") or [], key=lambda m: (m.get("device_index") is None, m.get("device_index")))
-    return [{"index": m.get("device_index"), "reserved": m.get("peak_reserved_bytes"),
-             "allocated": m.get("peak_allocated_bytes"), "nvml": m.get("nvml_used_bytes")} for m in mem]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -163,13 +156,25 @@ def device_memory(rec: dict) -> list[dict]:
 
 def md_table(headers: list[str], rows: list[list], right: set[int] = frozenset()) -> str:
     esc = lambda c: "" if c is None else str(c).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if i in right else "---"
-                                                          for i in range(len(headers))) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows])
+    rule = "|" + "|".join("---:" if i in right else "---" for i in range(len(headers))) + "|"
+    return "\n".join(["| " + " | ".join(headers) + " |", rule] + ["| " + " | ".join(map(esc, r)) + " |" for r in rows])
 
 
 def fmt(x, unit: str, digits: int = 1) -> str | None:
     return None if x is None else f"{x:,.{digits}f} {unit}"
+
+
+def label(r: dict) -> str:
+    """The backend, with its options where they are switched on: ``horovod (compression=fp16)``."""
+    extra = ", ".join(f"{k}={v}" for k, v in json.loads(r["options"] or "{}").items() if v not in (None, False, "none"))
+    return r["backend"] + (f" ({extra})" if extra else "")
+
+
+def groups(rows: list[dict], keys: tuple) -> list[tuple[tuple, list[dict]]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return sorted(out.items(), key=lambda kv: [str(v) for v in kv[0]])
 
 
 def sort_rows(rows: list[dict]) -> list[dict]:
@@ -177,67 +182,79 @@ def sort_rows(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["world_size"], rank(r["backend"]), str(r["precision"]), r["options"]))
 
 
-def label(r: dict) -> str:
-    """The backend, with its options when they are not off (``horovod (compression=fp16)``)."""
-    extra = ", ".join(f"{k}={v}" for k, v in json.loads(r["options"] or "{}").items() if v not in (None, False, "none"))
-    return f"{r['backend']}" + (f" ({extra})" if extra else "")
-
-
-def groups(rows: list[dict], keys: tuple) -> list[tuple[tuple, list[dict]]]:
-    out: dict[tuple, list[dict]] = {}
-    for r in rows:
-        out.setdefault(tuple(r[k] for k in keys), []).append(r)
-    return sorted(out.items(), key=lambda kv: tuple(str(v) for v in kv[0]))
-
-
 def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list[str]]:
-    """REPORT.md text and the console lines (workload titles and throughput tables)."""
+    """REPORT.md and the console lines (each workload's throughput table); draws the plots on the way."""
     import datetime as dt
 
     rows = summary.to_dict("records")
-    n_recs = sum(len(r["_recs"]) for r in rows)
-    n_ok = sum(r["runs_ok"] for r in rows)
+    n_recs, n_ok = sum(len(r["_recs"]) for r in rows), sum(r["runs_ok"] for r in rows)
     md = ["# Parallel backend comparison", "",
           f"{n_recs} records from `{src}` ({n_ok} ok, {n_recs - n_ok} skipped or failed) in {len(rows)} "
           f"configurations; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", "",
           "Throughput is global images per second: the median over every timed window of every ok run of a "
-          "configuration, with its 95% bootstrap interval. Per-device = global / world size. "
-          f"{STAR} marks the highest median global throughput at each world size within its table; "
-          "overlapping intervals mean the difference is not established.", ""]
+          "configuration, with its 95% bootstrap interval; per-device = global / world size. "
+          f"{STAR} marks the highest median global throughput at each world size in its table; "
+          "where the intervals overlap, the difference is not established.", ""]
     console = []
-    sections = sorted(groups(rows, SECTION), key=lambda kv: (kv[0][0] != "cuda", kv[0]))
-    for (device, hw), srows in sections:
+    for (device, hw), srows in sorted(groups(rows, SECTION), key=lambda kv: (kv[0][0] != "cuda", kv[0])):
         unit = "GPUs" if device == "cuda" else "CPU workers"
         md += [f"## {hw} ({device})", ""] + env_header(srows) + [""]
         console += ["", f"== {hw} ({device})" + (" -- CPU figures: nothing about GPU scaling" if device == "cpu" else "")]
         for wl, wrows in groups(srows, WORKLOAD):
             ok = sort_rows([r for r in wrows if r["runs_ok"]])
-            if not ok:
+            if not ok:  # only skipped/failed runs: they are listed in table 4
                 continue
-            precisions = "/".join(sorted({r["precision"] for r in ok}))
-            title = f"{wl[0]} {wl[1]}px, batch {wl[2]}/device, {precisions}, {wl[3]} data"
+            title = (f"{wl[0]} {wl[1]}px, batch {wl[2]}/device, {'/'.join(sorted({r['precision'] for r in ok}))}, "
+                     f"{wl[3]} data")
             thr = throughput_table(ok, unit)
+            stem = out / "plots" / slug(device, wl[0], f"{wl[1]}px", f"b{wl[2]}", wl[3], hw=hw)
+            plots = plot_workload(ok, stem, f"{title}\n{hw} ({device})", unit, device)
             md += [f"### {title}", "", "**1. Throughput**", "", thr, "", "**2. Scaling efficiency**", "",
                    f"Efficiency = thr(backend, N) / (N × thr(baseline, 1)). *vs single@1*: baseline `{BASELINE}` at "
                    "world size 1 with the same model, image size, precision, per-device batch, data and hardware "
                    "(backend options not matched). *vs own@1*: the same backend and options at world size 1. "
                    "An empty cell means that baseline is not in these records.", "",
-                   efficiency_table(ok, unit), "", "**3. Memory** (per device, peak over the run)", "",
-                   memory_table(ok, device), ""]
-            md += notes(ok)
-            stem = out / "plots" / slug(device, wl[0], f"{wl[1]}px", f"b{wl[2]}", wl[3], hw=hw)
-            files = plot_workload(ok, stem, f"{title}\n{hw} ({device})", unit, device)
-            md += [f"![{kind}](plots/{Path(f).name})" for kind, f in files] + [""]
+                   efficiency_table(ok, unit), "", "**3. Memory** (peak per GPU, or per rank on CPU; every ok run)", "",
+                   memory_table(ok, device), ""] + notes(ok)
+            md += [f"![{kind}](plots/{name})" for kind, name in plots] + [""]
             console += ["", title, thr]
-        bad = [(rec, r) for r in srows for rec in r["_recs"] if rec["status"] != "ok"]
-        md += ["**4. Skipped and failed runs**", ""]
-        md += [md_table(["backend", unit, "workload", "precision", "status", "reason", "run"],
-                        [[r["backend"], r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",
-                          r["precision"], rec["status"], rec["reason"], rec["run_id"]]
-                         for rec, r in sorted(bad, key=lambda x: str(x[0]["run_id"]))], {1}) if bad else "None.", ""]
+        bad = sorted(((rec, r) for r in srows for rec in r["_recs"] if rec["status"] != "ok"),
+                     key=lambda x: str(x[0]["run_id"]))
+        md += ["**4. Skipped and failed runs**", "", md_table(
+            ["backend", unit, "workload", "precision", "status", "reason", "run"],
+            [[r["backend"], r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",
+              r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad], {1}) if bad else "None.", ""]
     if skipped:
         md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]
     return "\n".join(md), console
+
+
+def env_header(rows: list[dict]) -> list[str]:
+    """What produced the numbers: hardware, driver, software versions, Horovod build, host and dates."""
+    recs = [rec for r in rows for rec in r["_recs"]]
+    env = [rec.get("env") or {} for rec in recs]
+    vals = lambda k: ", ".join(sorted({str(e[k]) for e in env if e.get(k) not in (None, "", [])})) or "—"  # noqa
+    device, hw = rows[0]["device_type"], rows[0]["hardware"]
+    if device == "cuda":
+        count = max([e.get("gpu_count") or 0 for e in env] + [r["world_size"] for r in rows])
+        lines = [f"- **Hardware:** {count} × {hw} on the host (up to {max(r['world_size'] for r in rows)} used); "
+                 f"driver {vals('driver')}"]
+    else:
+        lines = [f"> {CPU_CAVEAT}", "", f"- **Hardware:** CPU, {vals('cpu_count')} cores ({hw.removeprefix('CPU: ')}); "
+                                        "no GPU used"]
+    lines.append(f"- **Software:** torch {vals('torch')}, torchvision {vals('torchvision')}, CUDA {vals('cuda')}, "
+                 f"cuDNN {vals('cudnn')}, NCCL {vals('nccl')}, Python {vals('python')}"
+                 + (" (CPU runs use gloo: the CUDA and NCCL builds were not exercised)" if device == "cpu" else ""))
+    builds = [json.loads(h) for h in dict.fromkeys(json.dumps(e["horovod"]) for e in env if e.get("horovod"))]
+    lines.append("- **Horovod build:** " + (" | ".join(
+        f"{b.pop('version', '?')} (" + "; ".join(f"{k}: {v}" for k, v in b.items()) + ")" for b in builds) or "not used"))
+    lines.append(f"- **Host:** {vals('hostname')}; git {vals('git_commit')}; runs from "
+                 f"{min(str(e.get('started_at')) for e in env)} to "
+                 f"{max(str(rec.get('finished_at') or e.get('started_at')) for rec, e in zip(recs, env))}")
+    topo = sorted({e["topology"] for e in env if e.get("topology")})
+    if topo:
+        lines.append(f"\n<details><summary>GPU topology (nvidia-smi topo -m)</summary>\n\n```\n{topo[0]}\n```\n</details>")
+    return lines
 
 
 def throughput_table(ok: list[dict], unit: str) -> str:
@@ -250,55 +267,51 @@ def throughput_table(ok: list[dict], unit: str) -> str:
 
 
 def efficiency_table(ok: list[dict], unit: str) -> str:
-    return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1",
-                     "efficiency vs own@1"],
+    return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1", "efficiency vs own@1"],
                     [[label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], "img/s"),
                       fmt(r["eff_vs_single_pct"], "%"), fmt(r["eff_vs_own_ws1_pct"], "%")] for r in ok], {1, 3, 4, 5})
 
 
 def memory_table(ok: list[dict], device: str) -> str:
-    per = lambda xs: " · ".join(f"{i}: {b / GiB:.2f}" for i, b in xs) + " GiB" if xs else None  # noqa: E731
+    """One row per ok run; on GPU, device 0's excess over the others shows nn.DataParallel's imbalance."""
     from bench import stats
 
+    per = lambda xs: " · ".join(f"{i}: {b / GiB:.2f}" for i, b in xs) + " GiB" if xs else None  # noqa: E731
     rows = []
     for r in ok:
-        for rec in [x for x in r["_recs"] if x["status"] == "ok"]:
-            mem = device_memory(rec)
-            if device == "cuda":
-                res = [m["reserved"] for m in mem if m["reserved"] is not None]
-                excess = res[0] - sum(res[1:]) / len(res[1:]) if len(res) > 1 else None
-                rows.append([label(r), r["world_size"], rec["run_id"],
-                             per([(m["index"], m["reserved"]) for m in mem if m["reserved"] is not None]),
-                             per([(m["index"], m["allocated"]) for m in mem if m["allocated"] is not None]),
-                             per([(m["index"], m["nvml"]) for m in mem if m["nvml"] is not None]),
-                             fmt(stats.imbalance(res), "× (max/mean)", 2),
-                             None if excess is None else f"{excess / GiB:+.2f} GiB"])
-            else:
+        for rec in (x for x in r["_recs"] if x["status"] == "ok"):
+            if device != "cuda":
                 rss = rec.get("host_peak_rss_bytes") or []
                 rows.append([label(r), r["world_size"], rec["run_id"], per(list(enumerate(rss))),
                              fmt(stats.imbalance(rss), "× (max/mean)", 2)])
-    if device == "cuda":
-        return md_table(["backend", "GPUs", "run", "peak reserved, device: GiB", "peak allocated, device: GiB",
-                         "NVML used, device: GiB", "imbalance (reserved)", "device 0 − mean of others"],
-                        rows, {1, 6, 7})
-    return md_table(["backend", "CPU workers", "run", "host peak RSS, rank: GiB", "imbalance (RSS)"], rows, {1, 4})
+                continue
+            mem = device_memory(rec)
+            res = [m["reserved"] for m in mem if m["reserved"] is not None]
+            excess = res[0] - sum(res[1:]) / len(res[1:]) if len(res) > 1 else None
+            rows.append([label(r), r["world_size"], rec["run_id"]]
+                        + [per([(m["index"], m[k]) for m in mem if m[k] is not None]) for k in ("reserved", "allocated", "nvml")]
+                        + [fmt(stats.imbalance(res), "× (max/mean)", 2), None if excess is None else f"{excess / GiB:+.2f} GiB"])
+    if device != "cuda":
+        return md_table(["backend", "CPU workers", "run", "host peak RSS, rank: GiB", "imbalance (RSS)"], rows, {1, 4})
+    return md_table(["backend", "GPUs", "run", "peak reserved, device: GiB", "peak allocated, device: GiB",
+                     "NVML used, device: GiB", "imbalance (reserved)", "device 0 − mean of the others"], rows, {1, 6, 7})
 
 
 def notes(ok: list[dict]) -> list[str]:
     lines = [f"- `{label(r)}` ×{r['world_size']}: {r['note']}" for r in ok if r["note"]]
-    lines += [f"- ⚠ `{label(r)}` ×{r['world_size']} run {rec['run_id']}: replicas hold DIFFERENT parameters "
-              "after training" for r in ok for rec in r["_recs"] if rec.get("replicas_consistent") is False]
-    return (["Notes:", ""] + lines + [""]) if lines else []
+    lines += [f"- ⚠ `{label(r)}` ×{r['world_size']} run {rec['run_id']}: replicas hold DIFFERENT parameters after "
+              "training" for r in ok for rec in r["_recs"] if rec.get("replicas_consistent") is False]
+    return ["Notes:", ""] + lines + [""] if lines else []
 
 
 def slug(*parts, hw: str) -> str:
-    """A file name stem; the hardware enters as a short hash (two GPU models never share a file)."""
+    """A file-name stem; the hardware enters as a short hash, so two GPU models never share a file."""
     text = re.sub(r"[^a-z0-9]+", "-", "-".join(map(str, parts)).lower()).strip("-")
     return f"{text}-{hashlib.sha1(hw.encode()).hexdigest()[:6]}"
 
 
 # ---------------------------------------------------------------------------------------------------
-# Plots: one figure per kind per workload, PNG (for the README) and SVG.
+# Plots: one figure per kind per workload, PNG (dpi 120, for the README) and SVG.
 
 def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str) -> list[tuple[str, str]]:
     import matplotlib
@@ -306,13 +319,13 @@ def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "figure.dpi": 120})
+    plt.rcParams.update({"font.size": 10, "axes.titlesize": 11})
     stem.parent.mkdir(parents=True, exist_ok=True)
-    multi_prec = len({r["precision"] for r in ok}) > 1
+    multi_precision = len({r["precision"] for r in ok}) > 1
     series: dict[str, list[dict]] = {}
     for r in ok:
-        series.setdefault(label(r) + (f" {r['precision']}" if multi_prec else ""), []).append(r)
-    color = {k: plt.cm.tab10(i % 10) for i, k in enumerate(series)}
+        series.setdefault(label(r) + (f" {r['precision']}" if multi_precision else ""), []).append(r)
+    color = {name: plt.cm.tab10(i % 10) for i, name in enumerate(series)}
     files = []
     for kind, draw in (("throughput", _plot_throughput), ("efficiency", _plot_efficiency),
                        ("memory", _plot_memory), ("step-time", _plot_step_time)):
@@ -322,11 +335,11 @@ def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str
         for ext in ("png", "svg"):
             fig.savefig(f"{stem}-{kind}.{ext}", dpi=120)
         plt.close(fig)
-        files.append((kind, f"{stem}-{kind}.png"))
+        files.append((kind, f"{stem.name}-{kind}.png"))
     return files
 
 
-def _xticks(ax, rows, unit):
+def _world_size_axis(ax, rows, unit):
     ax.set_xticks(sorted({r["world_size"] for r in rows}))
     ax.set_xlabel(f"{unit} (world size)")
     ax.grid(alpha=0.3)
@@ -335,20 +348,18 @@ def _xticks(ax, rows, unit):
 def _plot_throughput(plt, ok, series, color, unit, device):
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for name, rs in series.items():
-        n = [r["world_size"] for r in rs]
         y = [r["global_img_s"] for r in rs]
         err = [[r["global_img_s"] - r["ci95_low_img_s"] for r in rs], [r["ci95_high_img_s"] - r["global_img_s"] for r in rs]]
-        ax.errorbar(n, y, yerr=err, marker="o", capsize=4, color=color[name], label=name)
+        ax.errorbar([r["world_size"] for r in rs], y, yerr=err, marker="o", capsize=4, color=color[name], label=name)
+    # ideal linear scaling from single@1 (one line per precision); without it, from the best world-size-1 run
     top = max(r["world_size"] for r in ok)
     base = [r for r in ok if r["backend"] == BASELINE and r["world_size"] == 1]
-    base = base or sorted([r for r in ok if r["world_size"] == 1], key=lambda r: -r["global_img_s"])[:1]
-    for b in base:
+    for b in base or sorted((r for r in ok if r["world_size"] == 1), key=lambda r: -r["global_img_s"])[:1]:
         ax.plot([1, top], [b["global_img_s"], top * b["global_img_s"]], "--", color="gray",
                 label=f"ideal linear: N × {label(b)}@1 {b['precision']}")
-    _xticks(ax, ok, unit)
-    ax.set_ylabel("global throughput (img/s)")
+    _world_size_axis(ax, ok, unit)
+    ax.set(ylabel="global throughput (img/s)", title=f"Throughput vs {unit} (median, 95% interval)")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"Throughput vs {unit} (median, 95% interval)")
     ax.legend(fontsize=9)
     return fig
 
@@ -364,8 +375,8 @@ def _plot_efficiency(plt, ok, series, color, unit, device):
                 drawn = True
         ax.axhline(100, ls="--", color="gray", label="ideal (100 %)")
         if not drawn:
-            ax.text(0.5, 0.5, "no baseline in these records", transform=ax.transAxes, ha="center", color="gray")
-        _xticks(ax, ok, unit)
+            ax.text(0.5, 0.5, "no such baseline in these records", transform=ax.transAxes, ha="center", color="gray")
+        _world_size_axis(ax, ok, unit)
         ax.set_title(f"Scaling efficiency {what}")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("scaling efficiency (%)")
@@ -373,87 +384,72 @@ def _plot_efficiency(plt, ok, series, color, unit, device):
     return fig
 
 
+def _panels(plt, ok, unit):
+    """Small multiples: one panel per world size, each grouping that world size's configurations by backend."""
+    sizes = sorted({r["world_size"] for r in ok})
+    cols, rows = min(len(sizes), 2), -(-len(sizes) // 2)
+    fig, axes = plt.subplots(rows, cols, figsize=(8, 4.8) if len(sizes) == 1 else (10, 1.2 + 3.4 * rows),
+                             sharey=True, squeeze=False)
+    for ax in axes.flat[len(sizes):]:
+        ax.set_visible(False)
+    panels = []
+    for ax, n in zip(axes.flat, sizes):
+        group = [r for r in ok if r["world_size"] == n]
+        ax.set_xticks(range(len(group)), [label(r) for r in group], rotation=20 if len(group) > 3 else 0,
+                      ha="right" if len(group) > 3 else "center")
+        ax.set_title(f"{n} {unit}")
+        ax.grid(axis="y", alpha=0.3)
+        panels.append((ax, group))
+    return fig, panels
+
+
 def _plot_memory(plt, ok, series, color, unit, device):
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    groups_ = []
-    for r in ok:
-        rec = [x for x in r["_recs"] if x["status"] == "ok"][-1]  # the latest ok run
-        if device == "cuda":
-            mem = device_memory(rec)
-            groups_.append((r, [m["reserved"] or 0 for m in mem], [m["allocated"] or 0 for m in mem]))
-        else:
-            groups_.append((r, list(rec.get("host_peak_rss_bytes") or []), None))
-    width = 0.8 / max(1, max(len(g[1]) for g in groups_))
-    for gi, (r, main, inner) in enumerate(groups_):
-        for d, v in enumerate(main):
-            x = gi + width * (d - (len(main) - 1) / 2)
-            ax.bar(x, v / GiB, width * 0.95, color=plt.cm.tab10(d % 10), alpha=0.45 if inner else 0.9,
-                   label=f"{'GPU' if inner else 'rank'} {d}")
-            if inner:
-                ax.bar(x, inner[d] / GiB, width * 0.55, color=plt.cm.tab10(d % 10))
-        if r["memory_imbalance"]:
-            ax.annotate(f"{r['memory_imbalance']:.2f}×", (gi, max(main) / GiB), ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(range(len(groups_)), [f"{label(r)}\n×{r['world_size']}" for r, _, _ in groups_])
+    """Grouped bars per backend (its latest ok run): one bar per GPU, or per rank on CPU."""
     gpu = device == "cuda"
-    ax.set_ylabel("peak memory per GPU (GiB)" if gpu else "host peak RSS per rank (GiB)")
-    ax.set_xlabel("backend × world size (above the bars: imbalance, max/mean)")
-    ax.set_title("Per-GPU memory: peak reserved (light), allocated (dark)" if gpu else "Per-rank host memory (CPU run)")
-    handles, labels = ax.get_legend_handles_labels()
-    seen = dict(zip(labels, handles))
-    ax.legend(seen.values(), seen.keys(), fontsize=8, ncol=min(4, len(seen)))
-    ax.grid(axis="y", alpha=0.3)
-    ax.margins(y=0.15)
+    fig, panels = _panels(plt, ok, unit)
+    for ax, group in panels:
+        for g, r in enumerate(group):
+            rec = [x for x in r["_recs"] if x["status"] == "ok"][-1]
+            devs = ([(m["index"], m["reserved"] or 0, m["allocated"] or 0) for m in device_memory(rec)] if gpu
+                    else [(i, b or 0, 0) for i, b in enumerate(rec.get("host_peak_rss_bytes") or [])])
+            width = 0.8 / max(1, len(devs))
+            for d, (index, main, inner) in enumerate(devs):
+                x, c = g + width * (d - (len(devs) - 1) / 2), plt.cm.tab10(d % 10)
+                ax.bar(x, main / GiB, width * 0.95, color=c, alpha=0.45 if gpu else 0.9,
+                       label=f"{'GPU' if gpu else 'rank'} {index}")
+                if gpu:
+                    ax.bar(x, inner / GiB, width * 0.55, color=c)
+            if devs and r["memory_imbalance"] and r["world_size"] > 1:
+                ax.annotate(f"{r['memory_imbalance']:.2f}×", (g, max(m for _, m, _ in devs) / GiB), ha="center",
+                            va="bottom", fontsize=9)
+        ax.margins(y=0.15)
+    panels[0][0].set_ylabel("peak memory per GPU (GiB)" if gpu else "host peak RSS per rank (GiB)")
+    ax, _ = panels[-1]
+    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+    if handles:
+        ax.legend(handles.values(), handles.keys(), fontsize=8, ncol=min(4, len(handles)))
+    fig.text(0.5, 0.005, ("Per-GPU memory: peak reserved (light) and allocated (dark)" if gpu else
+                          "Per-rank host memory (CPU run)") + "; above the bars: imbalance max/mean",
+             ha="center", va="bottom", fontsize=10)
+    fig.subplots_adjust(bottom=0.1)
     return fig
 
 
 def _plot_step_time(plt, ok, series, color, unit, device):
+    """Box per configuration over its raw windows (time per step), the windows themselves as points."""
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    data, names, colors = [], [], []
-    for name, rs in series.items():
-        for r in rs:
-            data.append([1000 * t / rec["steps_per_window"] for rec in r["_recs"] if rec["status"] == "ok"
-                         for t in rec.get("window_seconds") or []])
-            names.append(f"{label(r)}\n×{r['world_size']}")
-            colors.append(color[name])
-    ax.boxplot(data, tick_labels=names, widths=0.5, medianprops={"color": "black"})
     rng = np.random.default_rng(0)
-    for i, (d, c) in enumerate(zip(data, colors), 1):
-        ax.scatter(i + rng.uniform(-0.12, 0.12, len(d)), d, s=18, color=c, zorder=3)
-    ax.set_ylabel("time per step (ms), one point per timed window")
-    ax.set_xlabel("backend × world size")
-    ax.set_title("Step-time distribution from the raw window times")
-    ax.set_ylim(bottom=0)
-    ax.grid(axis="y", alpha=0.3)
+    color_of = {id(r): color[name] for name, rs in series.items() for r in rs}
+    fig, panels = _panels(plt, ok, unit)
+    for ax, group in panels:
+        data = [[1000 * t / rec["steps_per_window"] for rec in r["_recs"] if rec["status"] == "ok"
+                 for t in rec["window_seconds"]] for r in group]
+        ax.boxplot(data, positions=range(len(group)), widths=0.5, medianprops={"color": "black"}, showfliers=False)
+        for i, (d, r) in enumerate(zip(data, group)):
+            ax.scatter(i + rng.uniform(-0.12, 0.12, len(d)), d, s=16, color=color_of[id(r)], zorder=3)
+        ax.set_ylim(bottom=0)
+    panels[0][0].set_ylabel("time per step (ms)")
+    fig.text(0.5, 0.005, "Step-time distribution from the raw window times (one point per timed window)",
+             ha="center", va="bottom", fontsize=10)
     return fig
-
-
-def env_header(rows: list[dict]) -> list[str]:
-    recs = [rec for r in rows for rec in r["_recs"]]
-    env = [rec.get("env") or {} for rec in recs]
-    vals = lambda k: ", ".join(sorted({str(e.get(k)) for e in env if e.get(k) not in (None, "", [])})) or "—"  # noqa
-    device, hw = rows[0]["device_type"], rows[0]["hardware"]
-    if device == "cuda":
-        count = max([e.get("gpu_count") or 0 for e in env] + [len(device_memory(rec)) for rec in recs])
-        used = max(r["world_size"] for r in rows)
-        lines = [f"- **Hardware:** {count} × {hw} on the host (up to {used} used); driver {vals('driver')}"]
-    else:
-        cores = vals("cpu_count")
-        lines = [f"> {CPU_CAVEAT}", "", f"- **Hardware:** CPU, {cores} cores ({hw.removeprefix('CPU: ')}); "
-                                        f"no GPU used"]
-    lines.append(f"- **Software:** torch {vals('torch')}, torchvision {vals('torchvision')}, CUDA {vals('cuda')}, "
-                 f"cuDNN {vals('cudnn')}, NCCL {vals('nccl')}, Python {vals('python')}"
-                 + (" (CPU runs: gloo; the CUDA/NCCL builds were not used)" if device == "cpu" else ""))
-    hvd = dict.fromkeys(json.dumps(e["horovod"]) for e in env if e.get("horovod"))
-    builds = [json.loads(h) for h in hvd]
-    lines.append("- **Horovod build:** " + (" | ".join(f"{b.pop('version', '?')} (" + "; ".join(
-        f"{k}: {v}" for k, v in b.items()) + ")" for b in builds) or "not used"))
-    lines.append(f"- **Host:** {vals('hostname')}; git {vals('git_commit')}; runs from "
-                 f"{min(str(e.get('started_at')) for e in env)} to "
-                 f"{max(str(rec.get('finished_at') or e.get('started_at')) for rec, e in zip(recs, env))}")
-    topo = sorted({e["topology"] for e in env if e.get("topology")})
-    if topo:
-        lines.append("\n<details><summary>GPU topology (nvidia-smi topo -m)</summary>\n\n```\n"
-                     + topo[0] + "\n```\n</details>")
-    return lines

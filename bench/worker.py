@@ -20,7 +20,7 @@ import time
 import torch
 
 import backends
-from bench import results, stats
+from bench import data, results, stats
 from bench.config import RunConfig
 from bench.faults import Fault
 
@@ -36,6 +36,8 @@ def run(spec: dict) -> None:
         torch.set_num_threads(spec["threads_per_rank"])
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
+    backend.batches = data.batches_for(cfg, backend)
+    waited = getattr(backend.batches, "wait_seconds", None) is not None  # real data: time the input waits
     fault.install(backend)
 
     def sync():
@@ -45,19 +47,23 @@ def run(spec: dict) -> None:
 
     backend.train(cfg.warmup)
     sync()
-    window_seconds = []
+    window_seconds, data_wait = [], []
     for _ in range(cfg.windows):
         backend.barrier()  # start every window together; the barrier itself is not timed
         sync()
+        w0 = backend.batches.wait_seconds if waited else 0.0
         t0 = time.perf_counter()
         backend.train(cfg.steps)
         sync()
         window_seconds.append(time.perf_counter() - t0)
+        data_wait.append(backend.batches.wait_seconds - w0 if waited else 0.0)
 
     fault.after_training(backend)
     mine = {
         "rank": backend.rank,
         "window_seconds": window_seconds,
+        "data_wait_seconds": data_wait if waited else None,
+        "corrupt_images_skipped": backend.batches.skipped if waited else None,
         "memory": memory_stats(backend),
         "param_sha256": param_checksum(backend.module),
         "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -76,6 +82,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
     windows = [max(ws) for ws in zip(*(r["window_seconds"] for r in per_rank))]
     global_batch = cfg.global_batch
     thr, ci = stats.median_ci95(stats.window_throughputs(windows, global_batch * cfg.steps))
+    waits = [r["data_wait_seconds"] for r in per_rank]
     memory = sorted((m for r in per_rank for m in r["memory"]), key=lambda m: m["device_index"])
     checksums = {r["param_sha256"] for r in per_rank}
     record.update(
@@ -87,6 +94,8 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         memory=memory,
         memory_imbalance=stats.imbalance([m["peak_reserved_bytes"] for m in memory]),
         replicas_consistent=(len(checksums) == 1) if len(per_rank) > 1 else None,
+        data_wait_seconds=[max(w) for w in zip(*waits)] if waits[0] is not None else None,
+        corrupt_images_skipped=sum(r["corrupt_images_skipped"] for r in per_rank) if waits[0] is not None else None,
         host_peak_rss_bytes=[r["host_peak_rss_bytes"] for r in per_rank],
         threads_per_rank=spec["threads_per_rank"] if cfg.device_type == "cpu" else None,
         finished_at=results.utc_now(),

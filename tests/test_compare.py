@@ -428,3 +428,7 @@ def test_two_real_cpu_runs_of_one_config_pass_the_gate(tmp_path):
         assert row["memory_kind"] == "host RSS"  # CPU: reported, not gated
         assert data["hardware"]["baseline"] == data["hardware"]["current"]
         assert data["hardware"]["current"][0][0] == "cpu"
+    # `make regress` finds the baseline by this machine's name: it must be the name its records carry
+    here, from_records = bench("baseline", "name"), bench("baseline", "name", "--from", dirs[0])
+    assert here.returncode == 0 and from_records.returncode == 0, here.stderr + from_records.stderr
+    assert here.stdout == from_records.stdout and here.stdout.startswith("CPU-")

@@ -116,8 +116,10 @@ def test_window_is_the_slowest_rank_and_throughput_the_median():
 
     cfg = RunConfig.from_dict(cfg_dict)
     per_rank = [
-        {"window_seconds": [1.0, 2.0, 1.0], "memory": [], "param_sha256": "a", "host_peak_rss_bytes": 1},
-        {"window_seconds": [1.5, 1.0, 1.0], "memory": [], "param_sha256": "a", "host_peak_rss_bytes": 2},
+        {"window_seconds": [1.0, 2.0, 1.0], "memory": [], "param_sha256": "a", "host_peak_rss_bytes": 1,
+         "data_wait_seconds": None, "corrupt_images_skipped": None},
+        {"window_seconds": [1.5, 1.0, 1.0], "memory": [], "param_sha256": "a", "host_peak_rss_bytes": 2,
+         "data_wait_seconds": None, "corrupt_images_skipped": None},
     ]
     rec = build_record(cfg, {"run_id": "r", "env": {}, "threads_per_rank": 1}, per_rank)
     assert rec["window_seconds"] == [1.5, 2.0, 1.0]

@@ -1,0 +1,150 @@
+"""Input data for the timed loop: a fixed synthetic batch, or an ImageNet folder through a real pipeline.
+
+Backends take batches from ``backend.batches`` (an endless iterator of ``(inputs, targets)`` already on the
+device); the harness builds it here and, for real data, times every ``next()`` so a window's
+``data_wait_seconds`` says how long the ranks waited for input rather than computed.
+
+ImageNet layout: ``DIR/train/<wnid>/*.JPEG`` (``DIR/val`` optional and unused for training throughput).
+Corrupt or unreadable images are skipped and counted: the next readable image of the epoch takes the
+bad one's place (so every batch stays full), a warning line naming the file goes to the run's log, and the
+record's ``corrupt_images_skipped`` counts them. Grayscale, CMYK and palette images are converted to RGB.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+DATA_KINDS = ("synthetic", "imagenet")
+
+
+class DataError(ValueError):
+    """A data directory the run cannot use; the message is one line."""
+
+
+def default_workers(procs: int) -> int:
+    """Loader processes per rank: the rank's share of the cores, leaving one core for the training loop."""
+    return max(0, min(8, (os.cpu_count() or 1) // max(1, procs) - 1))
+
+
+def check_imagenet(data_dir: str | None, global_batch: int) -> int:
+    """Validate the layout before any run starts; returns the number of training images."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    if not data_dir:
+        raise DataError("--data imagenet needs --data-dir DIR (DIR/train/<class>/*.JPEG)")
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise DataError(f"--data-dir {data_dir}: no such directory")
+    train = root / "train"
+    if not train.is_dir():
+        raise DataError(f"--data-dir {data_dir}: no train/ folder (expected {train}/<class>/*.JPEG)")
+    classes = sorted(p for p in train.iterdir() if p.is_dir())
+    if not classes:
+        raise DataError(f"{train} has no class folders (expected {train}/<class>/*.JPEG)")
+    n = sum(1 for c in classes for f in c.rglob("*") if f.suffix.lower() in IMG_EXTENSIONS)
+    if n == 0:
+        raise DataError(f"{train} has {len(classes)} class folders but no images ({', '.join(IMG_EXTENSIONS)})")
+    if n < global_batch:
+        raise DataError(f"{train} has {n} images, fewer than one global batch of {global_batch}; "
+                        f"lower --batch-size or use fewer GPUs")
+    return n
+
+
+class SkippingImageFolder:
+    """torchvision ImageFolder whose unreadable images are replaced by the next readable one, and counted."""
+
+    def __init__(self, root, transform):
+        from torchvision.datasets import ImageFolder
+
+        self.folder = ImageFolder(root, transform=transform)
+
+    def __len__(self):
+        return len(self.folder)
+
+    def __getitem__(self, index):
+        skipped = 0
+        for i in itertools.islice(itertools.count(index), len(self.folder)):
+            try:
+                image, target = self.folder[i % len(self.folder)]
+                return image, target, skipped
+            except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for truncated or non-image files
+                skipped += 1
+                path = self.folder.samples[i % len(self.folder)][0]
+                print(f"warning: skipping unreadable image {path}: {e}", file=sys.stderr, flush=True)
+        raise DataError(f"no readable image in {self.folder.root}")
+
+
+def imagenet_loader(data_dir: str, image_size: int, batch: int, workers: int, rank: int, world_size: int,
+                    distributed: bool, pin_memory: bool, seed: int = 0):
+    """The standard ImageNet training pipeline; DistributedSampler when every rank feeds its own batch."""
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+    from torchvision import transforms
+
+    transform = transforms.Compose([
+        transforms.RandomResizedCrop(image_size),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+    dataset = SkippingImageFolder(str(Path(data_dir) / "train"), transform)
+    if distributed:
+        # Pads the epoch so that every rank gets the same number of samples; shuffles by seed + epoch.
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    else:
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    return DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, pin_memory=pin_memory,
+                      drop_last=True,  # every rank runs the same number of full steps
+                      persistent_workers=workers > 0)
+
+
+class TimedBatches:
+    """Endless ``(inputs, targets)`` on ``device`` over epochs (``set_epoch`` each time), timing each wait."""
+
+    def __init__(self, loader, device):
+        self.loader, self.device = loader, device
+        self.wait_seconds, self.skipped, self.epoch = 0.0, 0, 0
+        self._it = self._batches()
+
+    def _batches(self):
+        non_blocking = self.device.type == "cuda"
+        while True:
+            if hasattr(self.loader.sampler, "set_epoch"):
+                self.loader.sampler.set_epoch(self.epoch)  # a different order every epoch, the same on every rank
+            for images, targets, skipped in self.loader:
+                self.skipped += int(skipped.sum())
+                yield images.to(self.device, non_blocking=non_blocking), targets.to(self.device, non_blocking=non_blocking)
+            self.epoch += 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t0 = time.perf_counter()
+        batch = next(self._it)
+        self.wait_seconds += time.perf_counter() - t0
+        return batch
+
+
+def synthetic(batch: int, image_size: int, device: torch.device, rank: int):
+    """A fixed random batch already on the device, returned forever (as Horovod's synthetic benchmark does).
+    Different on every rank, as real data would be; the same on every run."""
+    gen = torch.Generator().manual_seed(1000 + rank)
+    inputs = torch.randn(batch, 3, image_size, image_size, generator=gen).to(device)
+    targets = torch.randint(0, 1000, (batch,), generator=gen).to(device)
+    return itertools.repeat((inputs, targets))
+
+
+def batches_for(cfg, backend):
+    """The iterator a backend trains from, fed ``backend.feed_batch`` samples per step on ``backend.data_device``."""
+    if cfg.data == "synthetic":
+        return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, backend.rank)
+    loader = imagenet_loader(cfg.data_dir, cfg.image_size, backend.feed_batch, cfg.workers, backend.rank,
+                             backend.world_size, distributed=backend.launcher != "inproc",
+                             pin_memory=cfg.device_type == "cuda", seed=cfg.seed)
+    return TimedBatches(loader, backend.data_device)
