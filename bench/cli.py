@@ -152,6 +152,8 @@ def cmd_run(args) -> int:
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     env_meta = results.collect_env(horovod=_horovod_info(configs))
+    if args.resume:
+        configs = _not_yet_done(configs, results_dir, env_meta)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     records = []
     try:
@@ -168,6 +170,18 @@ def cmd_run(args) -> int:
         return 130
     summary.print_table(records)
     return 1 if any(r["status"] == "failed" for r in records) else 0
+
+
+def _not_yet_done(configs, results_dir, env_meta):
+    """--resume: drop configurations that already have an ok record (same grouping as reports and the gate)."""
+    from bench import results
+
+    done = {results.config_key(r) for r in results.load(results_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+            if r["status"] == "ok"}
+    todo = [c for c in configs if results.config_key(results.skeleton(c.to_dict(), "", env_meta)) not in done]
+    print(f"resume: {len(configs) - len(todo)} of {len(configs)} configurations already have an ok record in "
+          f"{results_dir}; running {len(todo)}", file=sys.stderr)
+    return todo
 
 
 def _sigterm_as_interrupt(signum, frame):
@@ -263,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data", default="synthetic", help="synthetic (a fixed batch on the device) | imagenet")
     r.add_argument("--data-dir", help="ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)")
     r.add_argument("--workers", type=int, help="DataLoader processes per rank (default: its share of the cores - 1)")
+    r.add_argument("--resume", action="store_true",
+                   help="skip configurations that already have an ok record in the results directory")
     r.add_argument("--results", default="results/raw", help="directory for the records (default results/raw)")
     r.set_defaults(func=cmd_run)
 

@@ -15,8 +15,9 @@ The test. Default: Mann-Whitney U, two-sided (``scipy.stats.mannwhitneyu``; exac
 without ties). It compares whole distributions without assuming normality, so one stalled window (a
 data-loader hiccup, a noisy neighbour) cannot fake or hide a change, and it matches the median we
 report. Its catch is that with few windows it cannot reach small p-values: the smallest attainable
-two-sided p is ``2 / C(n+m, n)``: 0.1 for 3 vs 3 windows, 0.029 for 4 vs 4, 0.0079 for 5 vs 5, 0.00018
-for 10 vs 10. With the default alpha 0.01 a configuration therefore needs at least 5 windows a side
+two-sided p (exact test) is ``2 / C(n+m, n)``: 0.1 for 3 vs 3 windows, 0.029 for 4 vs 4, 0.0079 for 5 vs 5
+(scipy uses the normal approximation above 8 a side or with ties: 0.00018 for 10 vs 10). The gate computes
+this floor for the actual sample sizes. With the default alpha 0.01 a configuration therefore needs at least 5 windows a side
 (pooled over runs). When it has fewer, the gate does not pass it silently: the verdict is ``no
 significant change`` with the note "too few windows for significance at alpha", and a warning goes to
 stderr. ``--test welch`` uses Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``) instead,
@@ -310,7 +311,7 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
     bg, cg = groups(base["ok"]), groups(cur["ok"])
     b_other, c_other = groups(base["other"]), groups(cur["other"])
     rows = []
-    for key in sorted(set(bg) | set(cg), key=lambda k: [str(v) for _, v in k]):
+    for key in sorted(set(bg) | set(cg), key=_sort_key):
         if key in bg and key in cg:
             rows.append(_compare_one(bg[key], cg[key], threshold, alpha, test, gate_host_memory))
         elif key in cg:
@@ -350,6 +351,15 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
         "regressions": [r["config"] for r in rows if r["regression"]],
         "regressed": any(r["regression"] for r in rows),
     }
+
+
+def _sort_key(key: tuple) -> tuple:
+    # numbers as numbers (world size 2 before 16), everything else as text; None sorts like "None"
+    return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for _, v in key)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:g}%"
 
 
 def _side_summary(recs: list[dict]) -> dict:
@@ -409,13 +419,13 @@ def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict
             notes.append(f"{change}, not significant (p={p:.2g} >= alpha {alpha:g})")
         elif ratio < 1 - threshold:
             verdicts.append(SLOWER)
-            notes.append(f"{change} throughput, beyond the {threshold:.0%} threshold")
+            notes.append(f"{change} throughput, beyond the {_pct(threshold)} threshold")
         elif ratio > 1 + threshold:
             verdicts.append(FASTER)
-            notes.append(f"{change} throughput, beyond the {threshold:.0%} threshold")
+            notes.append(f"{change} throughput, beyond the {_pct(threshold)} threshold")
         else:
             verdicts.append(SAME)
-            notes.append(f"{change} is significant (p={p:.2g}) but within the {threshold:.0%} threshold")
+            notes.append(f"{change} is significant (p={p:.2g}) but within the {_pct(threshold)} threshold")
     row["throughput_verdict"] = verdicts[0]
 
     regression = verdicts[0] == SLOWER
@@ -431,7 +441,7 @@ def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict
             verdicts.append(MORE_MEMORY)
             regression = True
             notes.append(f"peak {'device memory' if kind == 'device' else 'host RSS'} {mchange}, beyond the "
-                         f"{threshold:.0%} threshold")
+                         f"{_pct(threshold)} threshold")
         elif mratio < 1 - threshold and gated:
             row["memory_verdict"] = LESS_MEMORY
             verdicts.append(LESS_MEMORY)
@@ -464,13 +474,13 @@ def _memory_cell(row: dict) -> str:
     if row["status"] != "compared":
         side = b or c
         if side["peak_reserved_bytes"] is not None:
-            return f"{_gib(side['peak_reserved_bytes'])} GiB"
-        return f"host RSS {_gib(side['host_peak_rss_bytes'])} GiB" if side["host_peak_rss_bytes"] else "-"
+            return _gib(side["peak_reserved_bytes"])
+        return f"host RSS {_gib(side['host_peak_rss_bytes'])}" if side["host_peak_rss_bytes"] else "-"
     if row["memory_ratio"] is None:
         return "-"
     key = "peak_reserved_bytes" if row["memory_kind"] == "device" else "host_peak_rss_bytes"
     prefix = "" if row["memory_kind"] == "device" else "host RSS "
-    return f"{prefix}{_gib(b[key])} → {_gib(c[key])} GiB ({(row['memory_ratio'] - 1) * 100:+.0f}%)"
+    return f"{prefix}{_gib(b[key])} → {_gib(c[key])} ({(row['memory_ratio'] - 1) * 100:+.0f}%)"
 
 
 def _cell(text: str) -> str:
@@ -489,7 +499,7 @@ def render_md(result: dict) -> str:
         "",
         hw_line + "  ",
         f"**Test:** {result['test_name']} on per-window throughput; a change counts when p < {result['alpha']:g} "
-        f"AND it exceeds {result['threshold']:.0%}. Throughput is the median img/s over all windows of all ok runs "
+        f"AND it exceeds {_pct(result['threshold'])}. Throughput is the median img/s over all windows of all ok runs "
         f"(n = windows); ratio = current / baseline. Peak memory: device reserved bytes (max over GPUs)"
         f"{'; host RSS is gated' if result['gate_host_memory'] else '; host RSS (CPU) is reported, not gated'}.",
         "",

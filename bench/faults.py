@@ -5,7 +5,8 @@
     oom[@rank0][:step1]  raise torch.cuda.OutOfMemoryError, as a too-large batch would
     diverge@rank1        after training, perturb rank 1's parameters (the replica check must catch it)
 
-Several faults are separated by commas. With BENCH_FAULT unset nothing is installed: the timed loop
+A ``BACKEND/`` prefix limits a fault to one backend (``ddp/crash@rank1:step3``), so a sweep can show that
+one failing run does not stop the next. Several faults are separated by commas. With BENCH_FAULT unset nothing is installed: the timed loop
 runs the backend's own ``step`` untouched.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 KINDS = ("crash", "hang", "oom", "diverge")
-_SPEC = re.compile(r"^(?P<kind>[a-z]+)(?:@rank(?P<rank>\d+))?(?::step(?P<step>\d+))?$")
+_SPEC = re.compile(r"^(?:(?P<backend>[a-z_]+)/)?(?P<kind>[a-z]+)(?:@rank(?P<rank>\d+))?(?::step(?P<step>\d+))?$")
 
 
 @dataclass
@@ -25,6 +26,7 @@ class _One:
     kind: str
     rank: int
     step: int
+    backend: str | None
 
 
 class Fault:
@@ -37,13 +39,17 @@ class Fault:
         for part in filter(None, (text or "").split(",")):
             m = _SPEC.match(part.strip())
             if not m or m["kind"] not in KINDS:
-                raise ValueError(f"BENCH_FAULT: cannot parse {part!r}; expected KIND[@rankR][:stepS] "
+                raise ValueError(f"BENCH_FAULT: cannot parse {part!r}; expected [BACKEND/]KIND[@rankR][:stepS] "
                                  f"with KIND one of {', '.join(KINDS)}")
-            faults.append(_One(m["kind"], int(m["rank"] or 0), int(m["step"] or 1)))
+            faults.append(_One(m["kind"], int(m["rank"] or 0), int(m["step"] or 1), m["backend"]))
         return cls(faults)
 
+    def _mine(self, backend, kinds):
+        return [f for f in self.faults
+                if f.rank == backend.rank and f.kind in kinds and f.backend in (None, backend.name)]
+
     def install(self, backend) -> None:
-        mine = [f for f in self.faults if f.rank == backend.rank and f.kind in ("crash", "hang", "oom")]
+        mine = self._mine(backend, ("crash", "hang", "oom"))
         if not mine:
             return
         original, count = backend.step, [0]
@@ -60,10 +66,9 @@ class Fault:
     def after_training(self, backend) -> None:
         import torch
 
-        for f in self.faults:
-            if f.kind == "diverge" and f.rank == backend.rank:
-                with torch.no_grad():
-                    next(backend.module.parameters()).add_(1e-3)
+        if self._mine(backend, ("diverge",)):
+            with torch.no_grad():
+                next(backend.module.parameters()).add_(1e-3)
 
 
 def _trigger(f: _One) -> None:

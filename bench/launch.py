@@ -85,9 +85,11 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
         child_env["OMP_NUM_THREADS"] = str(threads)
     timeout = cfg.timeout or default_timeout(cfg)
 
+    first_port = os.environ.get("BENCH_MASTER_PORT")  # a fixed first choice (firewalls; tests of the retry)
     for attempt in range(1, PORT_RETRIES + 1):
+        port = int(first_port) if first_port and attempt == 1 else free_port()
         spec = {"config": cfg.to_dict(), "run_id": run_id, "results_dir": str(results_dir), "env": record["env"],
-                "master_port": free_port(), "threads_per_rank": threads}
+                "master_port": port, "threads_per_rank": threads}
         spec_path.write_text(json.dumps(spec))
         rc, timed_out = _run_group(command(cfg.launcher, cfg.world_size, str(spec_path)), child_env, log_path, timeout)
         saved = results_dir / f"{run_id}.json"
@@ -95,6 +97,8 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
             return json.loads(saved.read_text())
         tail = _tail(log_path)
         if not timed_out and rc != 0 and "address already in use" in tail.lower() and attempt < PORT_RETRIES:
+            with open(log_path, "a") as log:
+                log.write(f"bench: port {port} was in use; retrying with another (attempt {attempt + 1})\n")
             continue  # someone took the port between our probe and the rendezvous: try a new one
         break
 
@@ -106,7 +110,11 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
                   f"{cfg.model} at {cfg.image_size} px, {cfg.precision}: {msg}")
     else:
         how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-        reason = f"{cfg.launcher} {how} (no record written); log {log_path}; stderr tail: {_summary(tail)}"
+        who = _failed_rank(tail)
+        first = _first_error(log_path)
+        reason = (f"{who + '; ' if who else ''}{cfg.launcher} {how}, no record written; "
+                  f"{'first error: ' + first + '; ' if first else ''}last lines: {_summary(tail, lines=3)}; "
+                  f"log {log_path}")
     record.update(status="failed", reason=reason)
     results.save(record, results_dir)
     return record
@@ -162,7 +170,44 @@ def _tail(path: Path, nbytes: int = 20000) -> str:
         return ""
 
 
+_RANK_FAILURES = [  # how each launcher says which rank died and how
+    (re.compile(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", re.S), "rank {0} exited with code {1}"),
+    (re.compile(r"process (\d+) terminated with (exit code|signal) (\S+)"), "rank {0} terminated with {1} {2}"),
+    (re.compile(r"Process (\d+) exit with status code (-?\d+)"), "rank {0} exited with code {1}"),
+]
+
+
+def _failed_rank(tail: str) -> str | None:
+    if "Root Cause" in tail:  # torchrun lists every rank it stopped; the root cause is the one that failed
+        tail = tail[tail.index("Root Cause"):]
+    for pattern, text in _RANK_FAILURES:
+        m = pattern.search(tail)
+        if m:
+            return text.format(*m.groups())
+    return None
+
+
+_ERROR_LINE = re.compile(r"(Error|Exception|BENCH_FAULT|error:|Killed|Segmentation fault|Aborted)")
+
+
+def _first_error(log_path: Path) -> str | None:
+    """The first error-looking line of the run: the rank that failed first usually says why; the others only
+    report the collapse that followed (connection reset, timeouts)."""
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                if _ERROR_LINE.search(line) and not line.startswith("$ "):
+                    return re.sub(r"^\[rank\d+\]:\s*", "", line.strip())[:400]
+    except OSError:
+        pass
+    return None
+
+
 def _summary(tail: str, lines: int = 6, limit: int = 1200) -> str:
-    """The last few informative stderr lines, on one line."""
+    """The last few informative lines of the ranks' output, on one line (without torchrun's own traceback)."""
+    cut = tail.find("ChildFailedError")
+    if cut >= 0:
+        start = tail.rfind("Traceback (most recent call last)", 0, cut)
+        tail = tail[:start if start >= 0 else cut]
     keep = [ln.strip() for ln in tail.splitlines() if ln.strip() and not re.match(r"^[-=*^~ ]+$", ln.strip())]
     return " | ".join(keep[-lines:])[-limit:]

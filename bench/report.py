@@ -116,20 +116,26 @@ def summarise(recs: list[dict]):
                    global_img_s=None, ci95_low_img_s=None, ci95_high_img_s=None, per_device_img_s=None)
         if samples:
             med, (lo, hi) = stats.median_ci95(samples)
-            row.update(global_img_s=med, ci95_low_img_s=lo, ci95_high_img_s=hi, per_device_img_s=med / row["world_size"])
+            row.update(global_img_s=med, ci95_low_img_s=lo, ci95_high_img_s=hi,
+                       per_device_img_s=med / row["world_size"])
         dev = [device_memory(r) for r in ok]
         peak = lambda field: max([m[field] for d in dev for m in d if m[field]], default=None)  # noqa: E731
         rss = [b for r in ok for b in r.get("host_peak_rss_bytes") or [] if b]
         # imbalance: reserved bytes over the GPUs; on CPU, host RSS over the ranks (the only measure there)
         imb = [stats.imbalance([m["reserved"] for m in d] if d else r.get("host_peak_rss_bytes") or [])
                for d, r in zip(dev, ok)]
-        row.update(peak_reserved_max_gib=peak("reserved") and peak("reserved") / GiB,
-                   peak_allocated_max_gib=peak("allocated") and peak("allocated") / GiB,
-                   host_rss_max_gib=max(rss) / GiB if rss else None,
+        gib = lambda b: b / GiB if b else None  # noqa: E731
+        row.update(peak_reserved_max_gib=gib(peak("reserved")), peak_allocated_max_gib=gib(peak("allocated")),
+                   host_rss_max_gib=gib(max(rss, default=None)),
                    memory_imbalance=max([x for x in imb if x is not None], default=None), _recs=group, _samples=samples)
         rows.append(row)
-    s = add_efficiency(pd.DataFrame(rows)).astype(object)
-    return s.where(s.notna(), None)  # None, never NaN: an empty cell in the tables
+    return nones(add_efficiency(nones(pd.DataFrame(rows))))
+
+
+def nones(df):
+    """Missing values as None, never NaN (NaN is truthy, and prints as "nan" where a cell must stay empty)."""
+    df = df.astype(object)
+    return df.where(df.notna(), None)
 
 
 def add_efficiency(s):
@@ -199,7 +205,8 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
     for (device, hw), srows in sorted(groups(rows, SECTION), key=lambda kv: (kv[0][0] != "cuda", kv[0])):
         unit = "GPUs" if device == "cuda" else "CPU workers"
         md += [f"## {hw} ({device})", ""] + env_header(srows) + [""]
-        console += ["", f"== {hw} ({device})" + (" -- CPU figures: nothing about GPU scaling" if device == "cpu" else "")]
+        caveat = " -- CPU figures: nothing about GPU scaling" if device == "cpu" else ""
+        console += ["", f"== {hw} ({device}){caveat}"]
         for wl, wrows in groups(srows, WORKLOAD):
             ok = sort_rows([r for r in wrows if r["runs_ok"]])
             if not ok:  # only skipped/failed runs: they are listed in table 4
@@ -208,7 +215,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                      f"{wl[3]} data")
             thr = throughput_table(ok, unit)
             stem = out / "plots" / slug(device, wl[0], f"{wl[1]}px", f"b{wl[2]}", wl[3], hw=hw)
-            plots = plot_workload(ok, stem, f"{title}\n{hw} ({device})", unit, device)
+            plots = plot_workload(ok, stem, f"{title} · {hw} ({device})", unit, device)
             md += [f"### {title}", "", "**1. Throughput**", "", thr, "", "**2. Scaling efficiency**", "",
                    f"Efficiency = thr(backend, N) / (N × thr(baseline, 1)). *vs single@1*: baseline `{BASELINE}` at "
                    "world size 1 with the same model, image size, precision, per-device batch, data and hardware "
@@ -220,10 +227,10 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
             console += ["", title, thr]
         bad = sorted(((rec, r) for r in srows for rec in r["_recs"] if rec["status"] != "ok"),
                      key=lambda x: str(x[0]["run_id"]))
-        md += ["**4. Skipped and failed runs**", "", md_table(
-            ["backend", unit, "workload", "precision", "status", "reason", "run"],
-            [[r["backend"], r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",
-              r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad], {1}) if bad else "None.", ""]
+        bad_rows = [[r["backend"], r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",
+                     r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad]
+        md += ["**4. Skipped and failed runs**", "", md_table(["backend", unit, "workload", "precision", "status",
+                                                               "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     if skipped:
         md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]
     return "\n".join(md), console
@@ -246,14 +253,15 @@ def env_header(rows: list[dict]) -> list[str]:
                  f"cuDNN {vals('cudnn')}, NCCL {vals('nccl')}, Python {vals('python')}"
                  + (" (CPU runs use gloo: the CUDA and NCCL builds were not exercised)" if device == "cpu" else ""))
     builds = [json.loads(h) for h in dict.fromkeys(json.dumps(e["horovod"]) for e in env if e.get("horovod"))]
-    lines.append("- **Horovod build:** " + (" | ".join(
-        f"{b.pop('version', '?')} (" + "; ".join(f"{k}: {v}" for k, v in b.items()) + ")" for b in builds) or "not used"))
+    builds = [f"{b.pop('version', '?')} (" + "; ".join(f"{k}: {v}" for k, v in b.items()) + ")" for b in builds]
+    lines.append("- **Horovod build:** " + (" | ".join(builds) or "not used"))
     lines.append(f"- **Host:** {vals('hostname')}; git {vals('git_commit')}; runs from "
                  f"{min(str(e.get('started_at')) for e in env)} to "
                  f"{max(str(rec.get('finished_at') or e.get('started_at')) for rec, e in zip(recs, env))}")
     topo = sorted({e["topology"] for e in env if e.get("topology")})
     if topo:
-        lines.append(f"\n<details><summary>GPU topology (nvidia-smi topo -m)</summary>\n\n```\n{topo[0]}\n```\n</details>")
+        lines.append(f"\n<details><summary>GPU topology (nvidia-smi topo -m)</summary>\n\n```\n{topo[0]}\n```\n"
+                     "</details>")
     return lines
 
 
@@ -267,7 +275,8 @@ def throughput_table(ok: list[dict], unit: str) -> str:
 
 
 def efficiency_table(ok: list[dict], unit: str) -> str:
-    return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1", "efficiency vs own@1"],
+    return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1",
+                     "efficiency vs own@1"],
                     [[label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], "img/s"),
                       fmt(r["eff_vs_single_pct"], "%"), fmt(r["eff_vs_own_ws1_pct"], "%")] for r in ok], {1, 3, 4, 5})
 
@@ -288,13 +297,15 @@ def memory_table(ok: list[dict], device: str) -> str:
             mem = device_memory(rec)
             res = [m["reserved"] for m in mem if m["reserved"] is not None]
             excess = res[0] - sum(res[1:]) / len(res[1:]) if len(res) > 1 else None
-            rows.append([label(r), r["world_size"], rec["run_id"]]
-                        + [per([(m["index"], m[k]) for m in mem if m[k] is not None]) for k in ("reserved", "allocated", "nvml")]
-                        + [fmt(stats.imbalance(res), "× (max/mean)", 2), None if excess is None else f"{excess / GiB:+.2f} GiB"])
+            nvml = max([m["nvml"] for m in mem if m["nvml"]], default=None)
+            per_device = [per([(m["index"], m[k]) for m in mem if m[k] is not None]) for k in ("reserved", "allocated")]
+            rows.append([label(r), r["world_size"], rec["run_id"], *per_device, fmt(nvml and nvml / GiB, "GiB", 2),
+                         fmt(stats.imbalance(res), "× (max/mean)", 2),
+                         None if excess is None else f"{excess / GiB:+.2f} GiB"])
     if device != "cuda":
         return md_table(["backend", "CPU workers", "run", "host peak RSS, rank: GiB", "imbalance (RSS)"], rows, {1, 4})
     return md_table(["backend", "GPUs", "run", "peak reserved, device: GiB", "peak allocated, device: GiB",
-                     "NVML used, device: GiB", "imbalance (reserved)", "device 0 − mean of the others"], rows, {1, 6, 7})
+                     "NVML used, max", "imbalance (reserved)", "device 0 − mean of the others"], rows, {1, 5, 6, 7})
 
 
 def notes(ok: list[dict]) -> list[str]:
@@ -329,8 +340,8 @@ def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str
     files = []
     for kind, draw in (("throughput", _plot_throughput), ("efficiency", _plot_efficiency),
                        ("memory", _plot_memory), ("step-time", _plot_step_time)):
-        fig = draw(plt, ok, series, color, unit, device)
-        fig.suptitle(title, fontsize=10)
+        fig, heading = draw(plt, ok, series, color, unit, device)
+        fig.suptitle(f"{heading}\n{title}", fontsize=10)
         fig.tight_layout()
         for ext in ("png", "svg"):
             fig.savefig(f"{stem}-{kind}.{ext}", dpi=120)
@@ -340,7 +351,9 @@ def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str
 
 
 def _world_size_axis(ax, rows, unit):
-    ax.set_xticks(sorted({r["world_size"] for r in rows}))
+    sizes = sorted({r["world_size"] for r in rows})
+    ax.set_xticks(sizes)
+    ax.set_xlim(0.5, sizes[-1] + 0.5)
     ax.set_xlabel(f"{unit} (world size)")
     ax.grid(alpha=0.3)
 
@@ -349,7 +362,8 @@ def _plot_throughput(plt, ok, series, color, unit, device):
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for name, rs in series.items():
         y = [r["global_img_s"] for r in rs]
-        err = [[r["global_img_s"] - r["ci95_low_img_s"] for r in rs], [r["ci95_high_img_s"] - r["global_img_s"] for r in rs]]
+        err = [[r["global_img_s"] - r["ci95_low_img_s"] for r in rs],
+               [r["ci95_high_img_s"] - r["global_img_s"] for r in rs]]
         ax.errorbar([r["world_size"] for r in rs], y, yerr=err, marker="o", capsize=4, color=color[name], label=name)
     # ideal linear scaling from single@1 (one line per precision); without it, from the best world-size-1 run
     top = max(r["world_size"] for r in ok)
@@ -358,15 +372,15 @@ def _plot_throughput(plt, ok, series, color, unit, device):
         ax.plot([1, top], [b["global_img_s"], top * b["global_img_s"]], "--", color="gray",
                 label=f"ideal linear: N × {label(b)}@1 {b['precision']}")
     _world_size_axis(ax, ok, unit)
-    ax.set(ylabel="global throughput (img/s)", title=f"Throughput vs {unit} (median, 95% interval)")
+    ax.set_ylabel("global throughput (img/s)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=9)
-    return fig
+    return fig, f"Throughput vs {unit}: median and 95% interval"
 
 
 def _plot_efficiency(plt, ok, series, color, unit, device):
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.8), sharey=True)
-    for ax, col, what in ((axes[0], "eff_vs_single_pct", f"vs {BASELINE}@1"), (axes[1], "eff_vs_own_ws1_pct", "vs own@1")):
+    for ax, col, what in zip(axes, ("eff_vs_single_pct", "eff_vs_own_ws1_pct"), (f"vs {BASELINE}@1", "vs own@1")):
         drawn = False
         for name, rs in series.items():
             pts = [(r["world_size"], r[col]) for r in rs if r[col] is not None]
@@ -377,14 +391,14 @@ def _plot_efficiency(plt, ok, series, color, unit, device):
         if not drawn:
             ax.text(0.5, 0.5, "no such baseline in these records", transform=ax.transAxes, ha="center", color="gray")
         _world_size_axis(ax, ok, unit)
-        ax.set_title(f"Scaling efficiency {what}")
+        ax.set_title(what)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("scaling efficiency (%)")
     axes[0].set_ylim(bottom=0)
-    return fig
+    return fig, "Scaling efficiency: thr(N) / (N × thr(baseline, 1))"
 
 
-def _panels(plt, ok, unit):
+def _panels(plt, ok, series, unit):
     """Small multiples: one panel per world size, each grouping that world size's configurations by backend."""
     sizes = sorted({r["world_size"] for r in ok})
     cols, rows = min(len(sizes), 2), -(-len(sizes) // 2)
@@ -392,12 +406,13 @@ def _panels(plt, ok, unit):
                              sharey=True, squeeze=False)
     for ax in axes.flat[len(sizes):]:
         ax.set_visible(False)
-    panels = []
+    name_of, panels = {id(r): name for name, rs in series.items() for r in rs}, []
     for ax, n in zip(axes.flat, sizes):
         group = [r for r in ok if r["world_size"] == n]
-        ax.set_xticks(range(len(group)), [label(r) for r in group], rotation=20 if len(group) > 3 else 0,
+        ax.set_xticks(range(len(group)), [name_of[id(r)] for r in group], rotation=20 if len(group) > 3 else 0,
                       ha="right" if len(group) > 3 else "center")
-        ax.set_title(f"{n} {unit}")
+        ax.set_xlim(-0.6, max(len(group), 2) - 0.4)  # one group does not fill the panel
+        ax.set_title(f"{n} {unit.removesuffix('s') if n == 1 else unit}")
         ax.grid(axis="y", alpha=0.3)
         panels.append((ax, group))
     return fig, panels
@@ -406,7 +421,7 @@ def _panels(plt, ok, unit):
 def _plot_memory(plt, ok, series, color, unit, device):
     """Grouped bars per backend (its latest ok run): one bar per GPU, or per rank on CPU."""
     gpu = device == "cuda"
-    fig, panels = _panels(plt, ok, unit)
+    fig, panels = _panels(plt, ok, series, unit)
     for ax, group in panels:
         for g, r in enumerate(group):
             rec = [x for x in r["_recs"] if x["status"] == "ok"][-1]
@@ -428,11 +443,8 @@ def _plot_memory(plt, ok, series, color, unit, device):
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
     if handles:
         ax.legend(handles.values(), handles.keys(), fontsize=8, ncol=min(4, len(handles)))
-    fig.text(0.5, 0.005, ("Per-GPU memory: peak reserved (light) and allocated (dark)" if gpu else
-                          "Per-rank host memory (CPU run)") + "; above the bars: imbalance max/mean",
-             ha="center", va="bottom", fontsize=10)
-    fig.subplots_adjust(bottom=0.1)
-    return fig
+    return fig, (("Per-GPU peak memory: reserved (light), allocated (dark)" if gpu else "Per-rank host peak memory")
+                 + "; above the bars: imbalance max/mean")
 
 
 def _plot_step_time(plt, ok, series, color, unit, device):
@@ -441,15 +453,14 @@ def _plot_step_time(plt, ok, series, color, unit, device):
 
     rng = np.random.default_rng(0)
     color_of = {id(r): color[name] for name, rs in series.items() for r in rs}
-    fig, panels = _panels(plt, ok, unit)
+    fig, panels = _panels(plt, ok, series, unit)
     for ax, group in panels:
         data = [[1000 * t / rec["steps_per_window"] for rec in r["_recs"] if rec["status"] == "ok"
                  for t in rec["window_seconds"]] for r in group]
-        ax.boxplot(data, positions=range(len(group)), widths=0.5, medianprops={"color": "black"}, showfliers=False)
+        ax.boxplot(data, positions=range(len(group)), widths=0.5, medianprops={"color": "black"}, showfliers=False,
+                   manage_ticks=False)
         for i, (d, r) in enumerate(zip(data, group)):
             ax.scatter(i + rng.uniform(-0.12, 0.12, len(d)), d, s=16, color=color_of[id(r)], zorder=3)
-        ax.set_ylim(bottom=0)
+    panels[0][0].set_ylim(bottom=0)  # after all panels have data: the y axis is shared
     panels[0][0].set_ylabel("time per step (ms)")
-    fig.text(0.5, 0.005, "Step-time distribution from the raw window times (one point per timed window)",
-             ha="center", va="bottom", fontsize=10)
-    return fig
+    return fig, "Step-time distribution from the raw window times (one point per timed window)"

@@ -11,17 +11,15 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-$REPO/.venv}"
 [[ -x "$VENV/bin/python" ]] || { echo "build_horovod: FAILED: no $VENV/bin/python" >&2; exit 1; }
-VENV="$(cd "$VENV" && pwd)"
-PY="$VENV/bin/python"
+VENV="$(cd "$VENV" && pwd)"; PY="$VENV/bin/python"
 HVD_VER="${HOROVOD_VERSION:-0.28.1}"
-STAMP="$VENV/.horovod-built-against"   # cache key of the last install that passed verification
-LOG="$VENV/horovod-build.log"
+STAMP="$VENV/.horovod-built-against"; LOG="$VENV/horovod-build.log"  # stamp: key of last verified install
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-fail() {  # show the log tail, then one clear line; never exit 0 after a failure
-  if [[ -s "$LOG" ]]; then  # the first compiler/CMake errors are usually far above the tail
-    echo "----- first errors in $LOG -----" >&2
-    grep -n -m 8 -E 'error:|CMake Error|FATAL|No such file' "$LOG" | cut -c1-300 >&2 || true
+fail() {  # first errors (usually far above the tail) + log tail, then one clear line, exit 1
+  if [[ -s "$LOG" ]]; then
+    ERRS="$(grep -n -m 8 -E 'error:|CMake Error|ERROR:|FATAL' "$LOG" | cut -c1-300)" || true
+    [[ -n "$ERRS" ]] && printf -- '----- first errors in %s -----\n%s\n' "$LOG" "$ERRS" >&2
     echo "----- last 30 lines of $LOG -----" >&2; tail -n 30 "$LOG" | cut -c1-300 >&2
   fi
   echo "build_horovod: FAILED: $1 (full build log: $LOG)" >&2
@@ -29,33 +27,27 @@ fail() {  # show the log tail, then one clear line; never exit 0 after a failure
 }
 
 # Serialise concurrent callers (parallel `make test`s): the second one waits, then fast-paths.
-exec 9>"$VENV/.horovod-build.lock"
-flock 9
+exec 9>"$VENV/.horovod-build.lock"; flock 9
 
 # One interpreter start (~3 s, mostly `import torch`) gives everything the fast path needs.
 PROBE='import sys, torch
-have = "none"
 try:
-    import horovod, horovod.torch as hvd
-    have = horovod.__version__ if callable(getattr(hvd, "init", None)) else "none"
-except Exception:
-    pass
+    import horovod, horovod.torch as hvd; have = horovod.__version__ if callable(hvd.init) else "none"
+except Exception: have = "none"
 print(torch.__version__, torch.version.cuda or "none", "cp%d%d" % sys.version_info[:2], have)'
 OUT="$("$PY" -c "$PROBE" 2>/dev/null | tail -n 1)" \
   || { "$PY" -c 'import torch' >&2; echo "build_horovod: FAILED: cannot import torch with $PY" >&2; exit 1; }
 read -r TORCH_VER TORCH_CUDA PYTAG HVD_HAVE <<<"$OUT"
 FLAVOUR=cpu   # gpu = CUDA torch + a visible GPU -> also build NCCL GPU ops
-if [[ "$TORCH_CUDA" != none ]] && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then FLAVOUR=gpu; fi
+if [[ "$TORCH_CUDA" != none ]] && timeout 20 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then FLAVOUR=gpu; fi
 KEY="horovod-${HVD_VER}_torch-${TORCH_VER}_${PYTAG}_${FLAVOUR}"
 
 if [[ "$HVD_HAVE" == "$HVD_VER" && -f "$STAMP" && "$(<"$STAMP")" == "$KEY" ]]; then
-  echo "horovod $HVD_VER already built against torch $TORCH_VER"
-  exit 0
+  echo "horovod $HVD_VER already built against torch $TORCH_VER"; exit 0
 fi
 
 # ---- slow path: install from the wheel cache, building the wheel first if needed ----
-rm -f "$STAMP"
-: >"$LOG"
+rm -f "$STAMP"; : >"$LOG"
 CACHE="${BENCH_WHEEL_CACHE:-$HOME/.cache/torch-parallel-bench/wheels}/$KEY"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 shopt -s nullglob
@@ -88,8 +80,9 @@ else
     [[ -x "$CUDA_HOME/bin/nvcc" ]] || CUDA_HOME=/usr/local/cuda
     [[ -x "$CUDA_HOME/bin/nvcc" ]] || fail "torch is a CUDA $TORCH_CUDA build; set CUDA_HOME to a CUDA toolkit with nvcc"
     export CUDA_HOME CUDACXX="$CUDA_HOME/bin/nvcc" CUDAToolkit_ROOT="$CUDA_HOME" HOROVOD_CUDA_HOME="$CUDA_HOME"
-    # Default is every arch nvcc knows (slow); note the list is not part of the cache key.
-    export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}"
+    # Horovod's default is every arch nvcc knows (slow). T4/A100(+8.x)/H100, newer via PTX of 90.
+    # Note: the list is not part of the cache key.
+    export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,90}"
   fi
   if [[ "$FLAVOUR" == gpu ]]; then
     export HOROVOD_GPU_OPERATIONS=NCCL    # GPU collectives through NCCL
@@ -131,7 +124,8 @@ timeout 300 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo "$PY" -c "$SMOKE"
   || fail "2-process horovodrun --gloo smoke test$HINT"
 
 if [[ $BUILT == 1 ]]; then  # cache only a verified wheel; copy+rename so readers never see half a file
-  mkdir -p "$CACHE"; cp "$WHL" "$CACHE/.partial.whl" && mv "$CACHE/.partial.whl" "$CACHE/$(basename "$WHL")"
+  { mkdir -p "$CACHE" && cp "$WHL" "$CACHE/.partial.whl" && mv "$CACHE/.partial.whl" "$CACHE/${WHL##*/}"; } \
+    || fail "storing the verified wheel in $CACHE"
 fi
 echo "$KEY" >"$STAMP"
 echo "build_horovod: horovod $HVD_VER installed and verified against torch $TORCH_VER ($FLAVOUR) in ${SECONDS}s"

@@ -1,0 +1,116 @@
+"""A suite that survives its backends: faults injected through BENCH_FAULT into real processes."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, TINY, bench, records
+
+
+def _leftovers(results_dir):
+    """Processes still running anything of this results directory (a rank, a launcher)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(results_dir) in part for part in p.info["cmdline"] or []):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_rank_crash_fails_only_its_run(results_dir):
+    proc = bench("run", "--backends", "ddp,ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+                 env={"BENCH_FAULT": "ddp/crash@rank1:step3"})
+    assert proc.returncode == 1  # something failed, and the sweep still finished
+    recs = {r["backend"]: r for r in records(results_dir)}
+    crashed = recs["ddp"]
+    assert crashed["status"] == "failed" and crashed["throughput"] is None
+    assert crashed["reason"].startswith("rank 1 exited with code 13; torchrun exit code 1, no record written")
+    assert "injected crash on rank 1 at step 3" in crashed["reason"]
+    assert recs["ddp_spawn"]["status"] == "ok" and recs["ddp_spawn"]["replicas_consistent"] is True
+    assert not _leftovers(results_dir)
+
+
+def test_spawned_rank_crash_names_the_rank(results_dir):
+    proc = bench("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+                 env={"BENCH_FAULT": "crash@rank1:step2"})
+    assert proc.returncode == 1
+    [rec] = records(results_dir)
+    assert rec["reason"].startswith("rank 1 terminated with exit code 13; spawn exit code 1")
+
+
+def test_hang_is_killed_at_the_timeout_and_leaves_nothing_behind(results_dir):
+    t0 = time.monotonic()
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--timeout", 25, "--results", results_dir,
+                 env={"BENCH_FAULT": "hang@rank1"})
+    assert proc.returncode == 1
+    assert time.monotonic() - t0 < 120
+    [rec] = records(results_dir)
+    assert rec["status"] == "failed" and rec["reason"].startswith("timeout after 25 s")
+    assert not _leftovers(results_dir)
+
+
+def test_out_of_memory_is_recorded_as_such(results_dir):
+    proc = bench("run", "--backends", "single,ddp", "--gpus", "1,2", *TINY, "--results", results_dir,
+                 env={"BENCH_FAULT": "ddp/oom@rank1:step2"})
+    assert proc.returncode == 1
+    recs = {(r["backend"], r["world_size"]): r for r in records(results_dir)}
+    assert recs[("single", 1)]["status"] == "ok" and recs[("ddp", 1)]["status"] == "ok"  # no rank 1 there
+    oom = recs[("ddp", 2)]
+    assert oom["status"] == "failed"
+    assert oom["reason"].startswith("out of memory: batch 2 per device (4 global), resnet18 at 32 px, fp32: "
+                                    "CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert not _leftovers(results_dir)
+
+
+def test_sigint_keeps_finished_records_and_kills_the_current_run(results_dir):
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
+    env["BENCH_FAULT"] = "ddp/hang@rank0"
+    sweep = subprocess.Popen([sys.executable, "-m", "bench", "run", "--backends", "single,ddp", "--gpus", "1",
+                              *TINY, "--results", str(results_dir)], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (records(results_dir) if results_dir.exists() else []):
+        time.sleep(0.5)
+    assert records(results_dir), "the first run never finished"
+    while time.monotonic() < deadline and not any("bench.worker" in " ".join(p.info["cmdline"] or [])
+                                                  for p in psutil.process_iter(["cmdline"]) if p.pid != os.getpid()):
+        time.sleep(0.2)
+    time.sleep(2)
+    sweep.send_signal(signal.SIGINT)
+    out, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130
+    assert "interrupted: 1 of 2 runs finished" in err
+    [rec] = records(results_dir)
+    assert rec["backend"] == "single" and rec["status"] == "ok"
+    assert not _leftovers(results_dir)
+
+
+def test_resume_runs_only_the_missing_configurations(results_dir):
+    first = bench("run", "--backends", "single,ddp", "--gpus", 1, *TINY, "--results", results_dir)
+    assert first.returncode == 0, first.stderr
+    again = bench("run", "--backends", "single,ddp", "--gpus", "1,2", *TINY, "--results", results_dir, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "resume: 2 of 3 configurations already have an ok record" in again.stderr
+    assert "[1/1] ddp x2" in again.stdout
+    assert sorted((r["backend"], r["world_size"]) for r in records(results_dir)) == [("ddp", 1), ("ddp", 2), ("single", 1)]
+
+
+def test_a_port_in_use_is_retried(results_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = bench("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+                     env={"BENCH_MASTER_PORT": str(port)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok"
+    log = (results_dir / "logs" / f"{rec['run_id']}.log").read_text()
+    assert f"port {port} was in use; retrying" in log
