@@ -12,7 +12,7 @@ RESULTS ?= results/raw
 REPORT  ?= results/report
 ARGS    ?=
 
-.PHONY: install horovod bench report test list clean
+.PHONY: install horovod bench report test list clean regress baseline
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,31 @@ list: $(STAMP)
 test: install
 	$(PY) -m pytest -q tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
+
+# Regression gate (README: "Regression gate"). A fixed, short configuration on every device, compared with
+# results/baselines/<GPU model>.json (`bench baseline name` prints the name for this machine) or BASELINE=NAME.
+# Exit status: the gate's when it fails (1: slower or more memory; 2: bad input, e.g. no baseline for this
+# GPU), else bench run's (1 when a run failed). Change REGRESS_ARGS only together with the baselines.
+REGRESS_RESULTS ?= results/regress
+BASELINE        ?=
+REGRESS_ARGS    ?= --backends single,dp,ddp,ddp_spawn,ddp_amp_syncbn --warmup 10 --steps 10 --windows 10
+
+regress: install
+	@name='$(BASELINE)'; [ -n "$$name" ] || name=$$($(PY) -m bench baseline name) || exit 2; \
+	base=results/baselines/$$name.json; \
+	if [ ! -f "$$base" ]; then \
+	  echo "make regress: no baseline $$base; record one on this machine with: make baseline" >&2; exit 2; fi; \
+	rm -rf $(REGRESS_RESULTS); mkdir -p $(REPORT); \
+	$(PY) -m bench run --max-gpus $(GPUS) --results $(REGRESS_RESULTS) $(REGRESS_ARGS); status=$$?; \
+	$(PY) -m bench compare "$$base" $(REGRESS_RESULTS) --out $(REPORT)/regress.md || status=$$?; \
+	exit $$status
+
+# Record (or, with FORCE=1, replace) the baseline for this machine's GPU model from a fresh run of the same
+# configuration. Review the numbers, then commit results/baselines/<name>.json.
+baseline: install
+	rm -rf $(REGRESS_RESULTS)
+	$(PY) -m bench run --max-gpus $(GPUS) --results $(REGRESS_RESULTS) $(REGRESS_ARGS)
+	$(PY) -m bench baseline save --from $(REGRESS_RESULTS) $(if $(BASELINE),--name $(BASELINE)) $(if $(FORCE),--force)
 
 clean:
 	rm -rf results/raw results/report results/regress
