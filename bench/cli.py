@@ -12,7 +12,6 @@ import tempfile
 from pathlib import Path
 
 import backends
-from bench import data
 from bench.config import DEFAULTS, PRECISIONS, ConfigError, RunConfig
 
 CPU_DEFAULT_MAX_WORKERS = 4
@@ -96,6 +95,8 @@ def check_writable(directory: Path) -> None:
 
 
 def plan(args) -> tuple[list[RunConfig], list[str]]:
+    from bench import data
+
     device_type, present = detect_device(args.device)
     sizes = world_sizes(args.gpus, args.max_gpus, device_type, present)
     names = parse_backends(args.backends)
@@ -202,6 +203,8 @@ def cmd_loader(args) -> int:
 
     import torch
 
+    from bench import data
+
     for name in ("batch_size", "image_size", "batches"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -295,14 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=cmd_list)
 
     # Subcommands that live in their own modules; each module's register() adds its parser and a
-    # func(args) -> exit code. (The guard is temporary while those modules are being written.)
+    # func(args) -> exit code.
     import importlib
 
     for mod in ("report", "compare"):
-        try:
-            importlib.import_module(f"bench.{mod}").register(sub)
-        except Exception as e:  # TEMPORARY while helpers write these modules
-            print(f"warning: bench.{mod} not loaded: {e}", file=sys.stderr) if os.environ.get("BENCH_DEV") else None
+        importlib.import_module(f"bench.{mod}").register(sub)
     return p
 
 
@@ -311,7 +311,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
-    except (UsageError, ConfigError, data.DataError) as e:
+    except (UsageError, ConfigError) as e:  # DataError is a ConfigError
         fail(str(e))
     sys.exit(code)
 

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import torch
 
+from bench.config import ConfigError
+
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DATA_KINDS = ("synthetic", "imagenet")
 
 
-class DataError(ValueError):
+class DataError(ConfigError):
     """A data directory the run cannot use; the message is one line."""
 
 
