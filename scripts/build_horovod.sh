@@ -4,7 +4,7 @@
 # cpu/gpu flavour, so a compile (~10 min on 2 cores) only happens when one of those changes.
 # Usage: scripts/build_horovod.sh [VENV_DIR]          (default: <repo>/.venv)
 # Env:   HOROVOD_VERSION (0.28.1)   BENCH_WHEEL_CACHE (~/.cache/torch-parallel-bench/wheels)
-#        HOROVOD_SDIST (local sdist instead of PyPI)   HOROVOD_BUILD_CUDA_CC_LIST (80,90)
+#        HOROVOD_SDIST (local sdist instead of PyPI)   HOROVOD_BUILD_CUDA_CC_LIST (75,80,90)
 #        CUDA_HOME (toolkit matching torch.version.cuda)   BUILD_JOBS (nproc)
 set -euo pipefail
 
