@@ -81,7 +81,7 @@ class Backend:
 
     def step(self) -> None:
         loss = self.forward_loss()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()  # set_to_none by default (torch >= 2.0)
         if self.scaler is None:
             loss.backward()
             self.optimizer.step()

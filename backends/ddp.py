@@ -6,7 +6,6 @@ MASTER_ADDR, MASTER_PORT), so setup reads it from there and never parses ``--loc
 """
 import os
 
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 

@@ -93,7 +93,7 @@ class Horovod(Backend):
         if self.scaler is None:
             return super().step()  # optimizer.step() waits for the allreduces started during backward
         loss = self.forward_loss()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()  # set_to_none by default (torch >= 2.0)
         self.scaler.scale(loss).backward()
         self.optimizer.synchronize()  # finish the allreduces of the scaled gradients...
         with self.optimizer.skip_synchronize():  # ...so that scaler.step's optimizer.step() does not redo them

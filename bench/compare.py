@@ -42,10 +42,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 TESTS = {"mwu": "Mann-Whitney U (two-sided)", "welch": "Welch's t-test (two-sided)"}
@@ -622,20 +620,7 @@ def cmd_baseline_save(args) -> int:
     }
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=out_dir)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            if args.force:
-                os.replace(tmp, final)
-            else:
-                os.link(tmp, final)  # atomic and never overwrites, even if another writer raced us
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        results.write_json_atomic(doc, final, overwrite=args.force)
     except FileExistsError:
         return _error(f"baseline {str(final)!r} exists; pass --force to replace it")
     except OSError as e:

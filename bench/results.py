@@ -77,11 +77,7 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
 
 
 def save(record: dict, directory: str | os.PathLike) -> Path:
-    """Write ``record`` as ``<directory>/<run_id>.json`` atomically and without ever overwriting.
-
-    The JSON goes to a temporary file in the same directory first and is then hard-linked into place:
-    a reader sees either no file or the whole file, and an existing record is never replaced.
-    """
+    """Write ``record`` as ``<directory>/<run_id>.json`` atomically and without ever overwriting."""
     missing = [k for k in REQUIRED_KEYS if k not in record]
     if missing:
         raise ValueError(f"record lacks keys {missing}")
@@ -90,17 +86,28 @@ def save(record: dict, directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{record['run_id']}.json"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    write_json_atomic(record, final)
+    return final
+
+
+def write_json_atomic(obj, final: Path, overwrite: bool = False) -> None:
+    """Write JSON to a temporary file in the same directory, fsync it, then move it into place: a reader
+    sees either no file or the whole file. Without ``overwrite`` the file is hard-linked into place, which
+    fails with FileExistsError rather than replace an existing file, even if another writer raced us."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=final.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True)
+            json.dump(obj, f, indent=1, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        os.link(tmp, final)  # fails with FileExistsError rather than overwrite
+        if overwrite:
+            os.replace(tmp, final)
+        else:
+            os.link(tmp, final)
     finally:
-        os.unlink(tmp)
-    return final
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def load(path: str | os.PathLike, warn=warnings.warn) -> list[dict]:

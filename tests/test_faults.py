@@ -7,7 +7,6 @@ import sys
 import time
 
 import psutil
-import pytest
 
 from tests.conftest import REPO, TINY, bench, records
 
