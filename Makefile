@@ -11,6 +11,9 @@ GPUS    ?= all
 RESULTS ?= results/raw
 REPORT  ?= results/report
 ARGS    ?=
+DATA    ?=
+# DATA=/path/to/imagenet measures the real input pipeline (DIR/train/<class>/*.JPEG) instead of synthetic data.
+DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA))
 
 .PHONY: install horovod bench report test list clean regress baseline
 
@@ -34,7 +37,7 @@ install: $(STAMP) horovod
 
 # The default suite on synthetic data on every device found; GPUS=N sweeps 1, 2, 4, ... up to N.
 bench: install
-	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(ARGS); status=$$?; \
+	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS); status=$$?; \
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
 
 report: $(STAMP)
