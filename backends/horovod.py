@@ -54,10 +54,15 @@ def build_info() -> dict | None:
                              text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return {"version": horovod.__version__, "check_build": f"failed: {e}"}
-    # Lines look like "    [X] PyTorch" (built) or "    [ ] MPI" (not built), under section headings.
-    built = [m.group(2) for m in re.finditer(r"\[(X)\] (.+)", out)]
-    missing = [m.group(1) for m in re.finditer(r"\[ \] (.+)", out)]
-    return {"version": horovod.__version__, "built": built, "not_built": missing}
+    # Sections ("Available Controllers:") list features as "    [X] Gloo" (built) or "    [ ] MPI" (not).
+    info, section = {"version": horovod.__version__}, None
+    for line in out.splitlines():
+        if line.strip().endswith(":") and line.startswith("Available "):
+            section = line.strip()[len("Available "):-1].lower().replace(" ", "_")
+            info[section] = []
+        elif section and line.strip().startswith("[X]"):
+            info[section].append(line.strip()[3:].strip())
+    return {k: ", ".join(v) if isinstance(v, list) else v for k, v in info.items()}
 
 
 class Horovod(Backend):

@@ -62,7 +62,8 @@ def test_horovod_two_gloo_ranks_identical_replicas(results_dir):
     assert len(rec["window_seconds"]) == 3 and rec["throughput"] > 0
     assert rec["options"] == {"compression": "none"}
     info = rec["env"]["horovod"]
-    assert info["version"] and "PyTorch" in info["built"] and any("Gloo" in b for b in info["built"])
+    assert info["version"] == "0.28.1" and info["frameworks"] == "PyTorch"
+    assert "Gloo" in info["controllers"].split(", ") and "Gloo" in info["tensor_operations"].split(", ")
 
 
 @pytest.mark.horovod
