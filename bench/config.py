@@ -12,7 +12,7 @@ DEVICE_TYPES = ("cuda", "cpu")
 # image size, so a 2-core machine runs the whole default suite in a few minutes.
 DEFAULTS = {
     "cuda": {"model": "resnet50", "image_size": 224, "batch_size": 64, "warmup": 10, "steps": 10, "windows": 5},
-    "cpu": {"model": "resnet18", "image_size": 64, "batch_size": 8, "warmup": 2, "steps": 3, "windows": 3},
+    "cpu": {"model": "resnet18", "image_size": 64, "batch_size": 8, "warmup": 3, "steps": 3, "windows": 5},
 }
 
 
