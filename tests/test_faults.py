@@ -7,6 +7,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from tests.conftest import REPO, TINY, bench, records
 
@@ -68,7 +69,8 @@ def test_out_of_memory_is_recorded_as_such(results_dir):
     assert not _leftovers(results_dir)
 
 
-def test_sigint_keeps_finished_records_and_kills_the_current_run(results_dir):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_keeps_finished_records_and_kills_the_current_run(results_dir, sig):
     env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
     env["BENCH_FAULT"] = "ddp/hang@rank0"
     sweep = subprocess.Popen([sys.executable, "-m", "bench", "run", "--backends", "single,ddp", "--gpus", "1",
@@ -82,7 +84,7 @@ def test_sigint_keeps_finished_records_and_kills_the_current_run(results_dir):
                                                   for p in psutil.process_iter(["cmdline"]) if p.pid != os.getpid()):
         time.sleep(0.2)
     time.sleep(2)
-    sweep.send_signal(signal.SIGINT)
+    sweep.send_signal(sig)
     out, err = sweep.communicate(timeout=60)
     assert sweep.returncode == 130
     assert "interrupted: 1 of 2 runs finished" in err
