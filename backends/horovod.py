@@ -11,7 +11,6 @@ Horovod is built by the project (make horovod); everything that can be wrong wit
 """
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys

@@ -114,8 +114,8 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
                 notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world size {n}")
                 continue
             cfg = RunConfig(
-                data=args.data, data_dir=args.data_dir, workers=args.workers, backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
-                image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
+                backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
+                data=args.data, data_dir=args.data_dir, workers=args.workers, image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
                 warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
                 windows=_pick(args.windows, d["windows"]), precision=args.precision or backend.default_precision,
                 timeout=args.timeout, options=backend_options(name, args),
