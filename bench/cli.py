@@ -258,8 +258,15 @@ def cmd_list(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its own errors (a bad choice, a non-integer) are one line too, like every other error."""
+
+    def error(self, message):
+        fail(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p = _Parser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run backends x world sizes and write one JSON record per run")

@@ -145,6 +145,8 @@ def test_world_sizes_sweep_powers_of_two_and_the_top():
     (["--windows", "0"], "bench: error: windows must be a positive integer, got 0"),
     (["--precision", "fp8"], "bench: error: unknown precision 'fp8'; choose from fp32, fp16, bf16"),
     (["--gpus", "one"], "bench: error: --gpus 'one': expected comma-separated positive integers such as 1,2,4"),
+    (["--batch-size", "big"], "bench: error: argument --batch-size: invalid int value: 'big' (see python -m bench run --help)"),
+    (["--hvd-compression", "zip"], "bench: error: argument --hvd-compression: invalid choice: 'zip'"),
 ])
 def test_bad_input_is_one_clear_line(results_dir, args, message):
     # TINY comes first so that the bad value given afterwards wins
