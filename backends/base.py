@@ -75,8 +75,6 @@ class Backend:
         inputs, targets = next(self.batches)
         with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
             out = self.model(inputs)
-            if not isinstance(out, torch.Tensor):  # inception/googlenet return (logits, aux...) in training
-                out = out[0]
             return F.cross_entropy(out, targets)
 
     def step(self) -> None:
@@ -96,7 +94,10 @@ def build_model(cfg) -> torch.nn.Module:
     import torchvision
 
     torch.manual_seed(cfg.seed)
-    return torchvision.models.get_model(cfg.model, weights=None, num_classes=1000)
+    # Auxiliary classifiers would get no gradient from the main loss, which DDP rejects; benchmarks train
+    # the main head only.
+    extra = {"aux_logits": False} if cfg.model in ("googlenet", "inception_v3") else {}
+    return torchvision.models.get_model(cfg.model, weights=None, num_classes=1000, **extra)
 
 
 def device_for(cfg, local_index: int) -> torch.device:

@@ -28,7 +28,10 @@ class DDP(Backend):
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.device = device_for(cfg, self.local_rank)
-        dist.init_process_group("nccl" if cfg.device_type == "cuda" else "gloo")
+        if cfg.device_type == "cuda":  # bind the NCCL communicator to this rank's GPU up front
+            dist.init_process_group("nccl", device_id=self.device)
+        else:
+            dist.init_process_group("gloo")
 
     def all_gather(self, obj):
         out = [None] * self.world_size

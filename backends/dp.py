@@ -20,7 +20,9 @@ class DataParallel(Backend):
     def setup(self, cfg):
         self.device = device_for(cfg, 0)
         self.device_ids = list(range(cfg.world_size)) if cfg.device_type == "cuda" else None
-        model = torch.nn.DataParallel(build_model(cfg).to(self.device), device_ids=self.device_ids)
+        model = build_model(cfg).to(self.device)
+        if self.device_ids:  # on CPU, DataParallel would grab any visible GPU: run the module as it is
+            model = torch.nn.DataParallel(model, device_ids=self.device_ids)
         # The global batch comes from this one process and is split across the replicas.
         self.init_training(cfg, model, cfg.batch_size * cfg.world_size)  # scattered from GPU 0
 

@@ -148,6 +148,8 @@ def cmd_run(args) -> int:
     from bench import launch, results, summary
 
     configs, notes = plan(args)
+    if not configs:
+        raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
     results_dir = Path(args.results)
     check_writable(results_dir)
     for n in notes:
@@ -170,7 +172,8 @@ def cmd_run(args) -> int:
         summary.print_table(records)
         return 130
     summary.print_table(records)
-    return 1 if any(r["status"] == "failed" for r in records) else 0
+    # A run whose replicas diverged measured something other than data-parallel training: fail like a crash.
+    return 1 if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records) else 0
 
 
 def _not_yet_done(configs, results_dir, env_meta):

@@ -36,7 +36,9 @@ driver versions are allowed, with one warning line each: they are often the chan
 
 Exit codes: 0 nothing regressed; 1 something is slower or uses more memory; 2 bad input (a missing path,
 no records, bad option values, different hardware, or no configuration present on both sides: a gate
-that compared nothing must not pass). New and missing configurations are listed but do not fail.
+that compared nothing must not pass). New and missing configurations are listed but do not fail; a
+configuration whose current run *failed* (crash, hang, out of memory) fails the gate, and so does a current
+run whose replicas ended with different parameters (``replicas_consistent: false``).
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ BASELINE_SCHEMA = 1
 GiB = 2 ** 30
 
 SLOWER, FASTER, SAME, NEW, MISSING = "slower", "faster", "no significant change", "new", "missing"
+FAILED, REPLICAS_DIFFER = "failed", "replicas differ"
 MORE_MEMORY, LESS_MEMORY = "more memory", "less memory"
 
 
@@ -318,6 +321,13 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
                 r = b_other[key][-1]
                 why = f"baseline run {r['status']}: {r.get('reason') or 'no reason recorded'}"
             rows.append(_one_sided(cg[key], NEW, why, "current"))
+        elif key in c_other and c_other[key][-1]["status"] == "failed":
+            # It ran and broke (a crash, a hang, out of memory): that is a regression, not an absence.
+            r = c_other[key][-1]
+            row = _one_sided(bg[key], FAILED, f"current run failed: {r.get('reason') or 'no reason recorded'}",
+                             "baseline")
+            row["regression"] = True
+            rows.append(row)
         else:
             why = "no ok run in current"
             if key in c_other:
@@ -427,6 +437,11 @@ def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict
     row["throughput_verdict"] = verdicts[0]
 
     regression = verdicts[0] == SLOWER
+    if any(r.get("replicas_consistent") is False for r in crecs):
+        # Replicas that drift apart mean gradients were not (all) synchronised: any speed-up is not real.
+        verdicts.append(REPLICAS_DIFFER)
+        regression = True
+        notes.append("ranks ended with different parameters (replicas_consistent: false)")
     kind, bm, cm, gated = "device", b["peak_reserved_bytes"], c["peak_reserved_bytes"], True
     if bm is None or cm is None:
         kind, bm, cm, gated = "host RSS", b["host_peak_rss_bytes"], c["host_peak_rss_bytes"], gate_host_memory

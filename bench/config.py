@@ -48,6 +48,8 @@ class RunConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"warmup must be a non-negative integer, got {self.warmup!r}")
+        if self.timeout is not None and not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
+            raise ConfigError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
         if self.data not in ("synthetic", "imagenet"):

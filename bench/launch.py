@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from bench import results
-from bench.config import RunConfig
+from bench.config import ConfigError, RunConfig
 from bench.worker import OOM_MARKER
 
 LAUNCHERS = ("inproc", "torchrun", "spawn", "horovodrun")
@@ -81,43 +81,50 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
     threads = threads_per_rank(cfg)
     child_env = {**os.environ, **(extra_env or {}),
                  "PYTHONPATH": os.pathsep.join(filter(None, [str(results.REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    if cfg.device_type == "cpu":
-        child_env["OMP_NUM_THREADS"] = str(threads)
+    # The same share of the cores per rank whatever the launcher (torchrun alone would force 1 thread per
+    # rank, mp.spawn and horovodrun would give each rank every core), so launchers are compared fairly.
+    child_env["OMP_NUM_THREADS"] = str(threads)
     timeout = cfg.timeout or default_timeout(cfg)
 
     first_port = os.environ.get("BENCH_MASTER_PORT")  # a fixed first choice (firewalls; tests of the retry)
+    if first_port and not first_port.isdigit():
+        raise ConfigError(f"BENCH_MASTER_PORT must be a port number, got {first_port!r}")
     for attempt in range(1, PORT_RETRIES + 1):
         port = int(first_port) if first_port and attempt == 1 else free_port()
         spec = {"config": cfg.to_dict(), "run_id": run_id, "results_dir": str(results_dir), "env": record["env"],
                 "master_port": port, "threads_per_rank": threads}
         spec_path.write_text(json.dumps(spec))
+        start = log_path.stat().st_size if log_path.exists() else 0
         rc, timed_out = _run_group(command(cfg.launcher, cfg.world_size, str(spec_path)), child_env, log_path, timeout)
         saved = results_dir / f"{run_id}.json"
         if saved.exists():
             return json.loads(saved.read_text())
-        tail = _tail(log_path)
-        if not timed_out and rc != 0 and "address already in use" in tail.lower() and attempt < PORT_RETRIES:
+        output = _read_from(log_path, start)  # this attempt's output only
+        if not timed_out and rc != 0 and "address already in use" in output.lower() and attempt < PORT_RETRIES:
             with open(log_path, "a") as log:
                 log.write(f"bench: port {port} was in use; retrying with another (attempt {attempt + 1})\n")
             continue  # someone took the port between our probe and the rendezvous: try a new one
         break
 
-    if timed_out:
-        reason = f"timeout after {timeout:.0f} s (log: {log_path})"
-    elif OOM_MARKER in tail:
-        msg = next(line for line in tail.splitlines() if OOM_MARKER in line).split(OOM_MARKER, 1)[1].strip()
-        reason = (f"out of memory: batch {cfg.batch_size} per device ({cfg.global_batch} global), "
-                  f"{cfg.model} at {cfg.image_size} px, {cfg.precision}: {msg}")
-    else:
-        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-        who = _failed_rank(tail)
-        first = _first_error(log_path)
-        reason = (f"{who + '; ' if who else ''}{cfg.launcher} {how}, no record written; "
-                  f"{'first error: ' + first + '; ' if first else ''}last lines: {_summary(tail, lines=3)}; "
-                  f"log {log_path}")
-    record.update(status="failed", reason=reason)
+    record.update(status="failed", reason=failure_reason(cfg, output, rc, timed_out, timeout, log_path))
     results.save(record, results_dir)
     return record
+
+
+def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeout: float, log_path) -> str:
+    """One line saying why a run left no record, from its exit status and everything its ranks printed."""
+    if timed_out:
+        return f"timeout after {timeout:.0f} s (log: {log_path})"
+    oom = next((line for line in output.splitlines() if line.startswith(OOM_MARKER)), None)
+    if oom:
+        return (f"out of memory: batch {cfg.batch_size} per device ({cfg.global_batch} global), "
+                f"{cfg.model} at {cfg.image_size} px, {cfg.precision}: {oom[len(OOM_MARKER):].strip()}")
+    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+    who = _failed_rank(output)
+    first = _first_error(output)
+    return (f"{who + '; ' if who else ''}{cfg.launcher} {how}, no record written; "
+            f"{'first error: ' + first + '; ' if first else ''}last lines: {_summary(output[-20000:], lines=3)}; "
+            f"log {log_path}")
 
 
 def _run_group(cmd: list[str], env: dict, log_path: Path, timeout: float) -> tuple[int, bool]:
@@ -128,7 +135,9 @@ def _run_group(cmd: list[str], env: dict, log_path: Path, timeout: float) -> tup
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         try:
-            return proc.wait(timeout=timeout), False
+            rc = proc.wait(timeout=timeout)
+            _killpg(proc.pid, signal.SIGKILL)  # anything the launcher left behind in its group goes too
+            return rc, False
         except subprocess.TimeoutExpired:
             kill_tree(proc)
             return proc.returncode, True
@@ -145,10 +154,7 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     except psutil.NoSuchProcess:
         family = []
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _killpg(proc.pid, sig)
         for p in family:
             try:
                 p.send_signal(sig)
@@ -161,10 +167,17 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     proc.wait()
 
 
-def _tail(path: Path, nbytes: int = 20000) -> str:
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_from(path: Path, offset: int) -> str:
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - nbytes))
+            f.seek(offset)
             return f.read().decode(errors="replace")
     except OSError:
         return ""
@@ -190,16 +203,12 @@ def _failed_rank(tail: str) -> str | None:
 _ERROR_LINE = re.compile(r"(Error|Exception|BENCH_FAULT|error:|Killed|Segmentation fault|Aborted)")
 
 
-def _first_error(log_path: Path) -> str | None:
+def _first_error(output: str) -> str | None:
     """The first error-looking line of the run: the rank that failed first usually says why; the others only
     report the collapse that followed (connection reset, timeouts)."""
-    try:
-        with open(log_path, errors="replace") as f:
-            for line in f:
-                if _ERROR_LINE.search(line) and not line.startswith("$ "):
-                    return re.sub(r"^\[rank\d+\]:\s*", "", line.strip())[:400]
-    except OSError:
-        pass
+    for line in output.splitlines():
+        if _ERROR_LINE.search(line) and not line.startswith("$ "):
+            return re.sub(r"^\[rank\d+\]:\s*", "", line.strip())[:400]
     return None
 
 

@@ -153,7 +153,8 @@ def _run(cmd: list[str], timeout: float = 20) -> str | None:
 
 
 def nvml_gpus() -> dict:
-    """GPU names, count, driver and per-GPU used memory from NVML, or an ``error`` when NVML is absent."""
+    """Names of the GPUs this process can use (CUDA_VISIBLE_DEVICES honoured, in CUDA order), their count
+    and the driver, from NVML; or an ``error`` when NVML is absent."""
     try:
         import pynvml
 
@@ -162,13 +163,26 @@ def nvml_gpus() -> dict:
         return {"error": f"NVML unavailable: {e}"}
     try:
         n = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-        names = [pynvml.nvmlDeviceGetName(h) for h in handles]
-        names = [x.decode() if isinstance(x, bytes) else x for x in names]
+        names = []
+        for i in _visible_nvml_indices(n):
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(name.decode() if isinstance(name, bytes) else name)
         driver = pynvml.nvmlSystemGetDriverVersion()
-        return {"count": n, "names": names, "driver": driver.decode() if isinstance(driver, bytes) else driver}
+        return {"count": len(names), "names": names,
+                "driver": driver.decode() if isinstance(driver, bytes) else driver}
     finally:
         pynvml.nvmlShutdown()
+
+
+def _visible_nvml_indices(total: int) -> list[int]:
+    """NVML indices of CUDA devices 0, 1, ... as this process sees them. torch's mapping reads
+    CUDA_VISIBLE_DEVICES (indices or UUIDs) without creating a CUDA context."""
+    try:
+        import torch
+
+        return [torch.cuda._get_nvml_device_index(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # private helper missing in this torch, or an unusual CUDA_VISIBLE_DEVICES
+        return list(range(total))
 
 
 def git_commit() -> str | None:

@@ -31,9 +31,10 @@ OOM_EXIT = 3
 def run(spec: dict) -> None:
     cfg = RunConfig.from_dict(spec["config"])
     fault = Fault.parse(os.environ.get("BENCH_FAULT"))
-    if cfg.device_type == "cpu":
-        # Each rank gets its share of the cores; oversubscribed threads would measure contention.
-        torch.set_num_threads(spec["threads_per_rank"])
+    # Each rank gets its share of the cores, whatever the launcher; oversubscribed threads measure contention.
+    torch.set_num_threads(spec["threads_per_rank"])
+    if cfg.device_type == "cuda":
+        torch.backends.cudnn.benchmark = True  # pick the fastest conv algorithms during warm-up, as Horovod's benchmark does
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
     backend.batches = data.batches_for(cfg, backend)
@@ -97,7 +98,8 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         data_wait_seconds=[max(w) for w in zip(*waits)] if waits[0] is not None else None,
         corrupt_images_skipped=sum(r["corrupt_images_skipped"] for r in per_rank) if waits[0] is not None else None,
         host_peak_rss_bytes=[r["host_peak_rss_bytes"] for r in per_rank],
-        threads_per_rank=spec["threads_per_rank"] if cfg.device_type == "cpu" else None,
+        threads_per_rank=spec["threads_per_rank"],
+        cudnn_benchmark=torch.backends.cudnn.benchmark if cfg.device_type == "cuda" else None,
         finished_at=results.utc_now(),
     )
     return record

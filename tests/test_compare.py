@@ -269,13 +269,29 @@ def test_missing_and_new_configs_are_listed_without_failing(tmp_path, capsys):
     assert data["new"] == ["ddp x8 resnet50 224px b64/dev fp32"]
 
 
-def test_failed_current_run_is_missing_with_its_reason(tmp_path, capsys):
+def test_failed_current_run_fails_the_gate_with_its_reason(tmp_path, capsys):
     b, c = pair(tmp_path, [record(windows(1)), record(windows(2), backend="dp", launcher="inproc")],
                 [record(windows(3)), record([], backend="dp", status="failed", reason="out of memory")])
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     dp = next(r for r in data["rows"] if r["config"].startswith("dp "))
-    assert code == 0 and dp["verdict"] == "missing"
+    assert code == 1 and dp["verdict"] == "failed" and dp["regression"] is True
     assert dp["notes"] == ["current run failed: out of memory"]
+
+
+def test_skipped_current_run_is_missing_without_failing(tmp_path, capsys):
+    b, c = pair(tmp_path, [record(windows(1)), record(windows(2), backend="horovod")],
+                [record(windows(3)), record([], backend="horovod", status="skipped", reason="horovod is not installed")])
+    code, data, _, _ = gate(capsys, b, c, "--format", "json")
+    hvd = next(r for r in data["rows"] if r["config"].startswith("horovod "))
+    assert code == 0 and hvd["verdict"] == "missing"
+    assert hvd["notes"] == ["current run skipped: horovod is not installed"]
+
+
+def test_diverged_replicas_fail_the_gate_even_when_faster(tmp_path, capsys):
+    b, c = pair(tmp_path, [record(windows(1))], [record(windows(2, scale=0.7), replicas_consistent=False)])
+    code, data, _, _ = gate(capsys, b, c, "--format", "json")
+    [row] = data["rows"]
+    assert code == 1 and row["verdict"] == "faster, replicas differ" and row["regression"] is True
 
 
 def test_nothing_in_common_is_an_error(tmp_path, capsys):

@@ -115,3 +115,30 @@ def test_a_port_in_use_is_retried(results_dir):
     assert rec["status"] == "ok"
     log = (results_dir / "logs" / f"{rec['run_id']}.log").read_text()
     assert f"port {port} was in use; retrying" in log
+
+
+def test_a_port_retry_does_not_hide_the_real_failure(results_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proc = bench("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+                     env={"BENCH_MASTER_PORT": str(busy.getsockname()[1]), "BENCH_FAULT": "crash@rank1:step2"})
+    assert proc.returncode == 1
+    [rec] = records(results_dir)
+    assert rec["reason"].startswith("rank 1 terminated with exit code 13; spawn exit code 1")
+    assert "injected crash on rank 1 at step 2" in rec["reason"]
+    assert "address already in use" not in rec["reason"].lower()
+
+
+def test_out_of_memory_is_found_under_a_long_tail_of_collateral_errors():
+    from bench.config import RunConfig
+    from bench.launch import failure_reason
+    from bench.worker import OOM_MARKER
+
+    cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=8, device_type="cuda", model="resnet50",
+                    image_size=224, batch_size=256, warmup=1, steps=1, windows=1)
+    output = (f"{OOM_MARKER} CUDA out of memory. Tried to allocate 2.00 GiB\n"
+              + "[rank3]: NCCL watchdog: collective timed out\n" * 2000)
+    reason = failure_reason(cfg, output, 1, False, 100.0, "run.log")
+    assert reason == ("out of memory: batch 256 per device (2048 global), resnet50 at 224 px, fp32: "
+                      "CUDA out of memory. Tried to allocate 2.00 GiB")

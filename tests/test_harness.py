@@ -52,7 +52,7 @@ def test_ddp_two_gloo_ranks_identical_replicas(results_dir, backend, launcher):
 def test_replica_check_fails_when_replicas_differ(results_dir):
     proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--results", results_dir,
                  env={"BENCH_FAULT": "diverge@rank1"})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the sweep fails, the record stays
     rec = _only_record(results_dir)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is False
     assert "replicas DIFFER" in proc.stdout
@@ -145,6 +145,8 @@ def test_world_sizes_sweep_powers_of_two_and_the_top():
     (["--windows", "0"], "bench: error: windows must be a positive integer, got 0"),
     (["--precision", "fp8"], "bench: error: unknown precision 'fp8'; choose from fp32, fp16, bf16"),
     (["--gpus", "one"], "bench: error: --gpus 'one': expected comma-separated positive integers such as 1,2,4"),
+    (["--timeout", "-1"], "bench: error: timeout must be a positive number of seconds, got -1.0"),
+    (["--backends", "single", "--gpus", "2"], "bench: error: nothing to run: single runs on 1 device only"),
     (["--batch-size", "big"], "bench: error: argument --batch-size: invalid int value: 'big' (see python -m bench run --help)"),
     (["--hvd-compression", "zip"], "bench: error: argument --hvd-compression: invalid choice: 'zip'"),
 ])
@@ -165,3 +167,34 @@ def test_unwritable_results_directory(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"bench: error: results directory '{blocker / 'raw'}' is not writable")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("model", ["googlenet", "inception_v3"])
+def test_models_with_auxiliary_heads_train_every_parameter(model):
+    """DDP refuses parameters that get no gradient; the aux heads would be such parameters."""
+    import torch
+
+    from backends.base import build_model
+    from bench.config import RunConfig
+
+    cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=1, device_type="cpu", model=model,
+                    image_size=80, batch_size=2, warmup=0, steps=1, windows=1)
+    net = build_model(cfg).train()
+    out = net(torch.randn(2, 3, 80, 80))
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 1000)
+    out.sum().backward()
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_dp_on_cpu_runs_the_bare_module():
+    """On CPU nn.DataParallel would grab any visible GPU; the record's note says the module runs as it is."""
+    import torch
+
+    import backends
+    from bench.config import RunConfig
+
+    cfg = RunConfig(backend="dp", launcher="inproc", world_size=1, device_type="cpu", model="resnet18",
+                    image_size=32, batch_size=2, warmup=0, steps=1, windows=1)
+    dp = backends.create("dp")
+    dp.setup(cfg)
+    assert not isinstance(dp.model, torch.nn.DataParallel) and dp.devices() == [torch.device("cpu")]
