@@ -179,16 +179,6 @@ def _load_side(path: str, side: str) -> dict:
 # ---------------------------------------------------------------------------------------------------
 # Per-record numbers
 
-def throughput_samples(rec: dict):
-    """Global samples per second, one per timed window."""
-    import numpy as np
-
-    t = np.asarray(rec.get("window_seconds") or [], dtype=float)
-    if t.size == 0 or not np.all(np.isfinite(t)) or np.any(t <= 0):
-        return None
-    return rec["global_batch"] * rec["steps_per_window"] / t
-
-
 def peak_device_memory(rec: dict) -> float | None:
     """Largest peak reserved bytes over the run's devices; None on CPU (no device memory)."""
     values = [m.get("peak_reserved_bytes") for m in rec.get("memory") or []]
@@ -373,7 +363,9 @@ def _pct(x: float) -> str:
 def _side_summary(recs: list[dict]) -> dict:
     import numpy as np
 
-    samples = [s for s in (throughput_samples(r) for r in recs) if s is not None]
+    from bench.stats import record_throughputs
+
+    samples = [s for s in (record_throughputs(r) for r in recs) if s is not None]
     pooled = np.concatenate(samples) if samples else np.asarray([], dtype=float)
     return {
         "runs": len(recs),

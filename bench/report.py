@@ -87,9 +87,11 @@ def usable_records(src: Path, warn) -> list[dict]:
 
 
 def window_throughputs(rec: dict) -> list[float]:
-    """Global img/s of each raw timed window."""
-    secs = [float(s) for s in rec.get("window_seconds") or []]
-    return [rec["global_batch"] * rec["steps_per_window"] / s for s in secs] if secs and min(secs) > 0 else []
+    """Global img/s of each raw timed window (empty when the record has none)."""
+    from bench import stats
+
+    thr = stats.record_throughputs(rec)
+    return [] if thr is None else thr.tolist()
 
 
 def device_memory(rec: dict) -> list[dict]:

@@ -9,6 +9,15 @@ def window_throughputs(window_seconds: list[float], samples_per_window: int) -> 
     return samples_per_window / np.asarray(window_seconds, dtype=float)
 
 
+def record_throughputs(rec: dict) -> np.ndarray | None:
+    """A record's global samples/s, one per timed window; None when it has no valid window times.
+    The report and the regression gate both read throughput through this, from the raw windows."""
+    t = np.asarray(rec.get("window_seconds") or [], dtype=float)
+    if t.size == 0 or not np.all(np.isfinite(t)) or np.any(t <= 0):
+        return None
+    return window_throughputs(t, rec["global_batch"] * rec["steps_per_window"])
+
+
 def median_ci95(values) -> tuple[float, list[float]]:
     """Median and a 95% percentile-bootstrap interval of the median (fixed seed: reproducible).
 
