@@ -55,9 +55,10 @@ test: install
 # results/baselines/<GPU model>.json (`bench baseline name` prints the name for this machine) or BASELINE=NAME.
 # Exit status: the gate's when it fails (1: slower or more memory; 2: bad input, e.g. no baseline for this
 # GPU), else bench run's (1 when a run failed). Change REGRESS_ARGS only together with the baselines.
+# The run is the statistical unit: 3 interleaved runs of every configuration a side, 5 windows each.
 REGRESS_RESULTS ?= results/regress
 BASELINE        ?=
-REGRESS_ARGS    ?= --backends single,dp,ddp,ddp_spawn,ddp_amp_syncbn --warmup 10 --steps 10 --windows 10
+REGRESS_ARGS    ?= --backends single,dp,ddp,ddp_spawn,ddp_amp_syncbn --repeat 3 --warmup 10 --steps 10 --windows 5
 
 regress: install
 	@name='$(BASELINE)'; [ -n "$$name" ] || name=$$($(PY) -m bench baseline name) || exit 2; \

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bench.config import MIN_WARMUP
+
 # fp16 needs a GradScaler (its gradients underflow); bf16 has fp32's range and needs none.
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -33,6 +35,11 @@ class Backend:
         """Something a reader of the record must know about how this run was done, or None."""
         return None
 
+    def min_warmup(self, cfg) -> tuple[int, str]:
+        """The fewest untimed steps that reach steady state for ``cfg``, and why."""
+        return MIN_WARMUP, ("step 1 pays lazy initialisation and cuDNN's algorithm search, and DDP rebuilds its "
+                            "gradient buckets at step 2")
+
     # -- run in every worker process ---------------------------------------------------------------
     def setup(self, cfg) -> None:
         self.device = device_for(cfg, 0)
@@ -54,6 +61,23 @@ class Backend:
     def teardown(self) -> None:
         pass
 
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale, or None without one. Reads a device value (a host sync): the harness
+        calls it only outside the timed region."""
+        return float(self.scaler.get_scale()) if getattr(self, "scaler", None) is not None else None
+
+    def describe(self) -> dict:
+        """What actually ran, for the record (tests and readers check it): the process group's backend, the
+        autocast dtype, whether a GradScaler runs, how many SyncBatchNorm layers the model has."""
+        import torch.distributed as dist
+
+        return {
+            "process_group": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
+            "autocast_dtype": str(self.autocast_dtype).removeprefix("torch.") if self.autocast_dtype else None,
+            "grad_scaler": self.scaler is not None,
+            "sync_batchnorm_layers": sum(isinstance(m, torch.nn.SyncBatchNorm) for m in self.module.modules()),
+        }
+
     # -- shared building blocks ----------------------------------------------------------------------
     def init_training(self, cfg, model: torch.nn.Module, feed_batch: int, data_device=None) -> None:
         """Optimizer and precision for ``model``; ``feed_batch`` samples per step arrive on ``data_device``
@@ -63,7 +87,7 @@ class Backend:
         parameters the harness checksums.
         """
         self.model = model
-        self.module = getattr(model, "module", model)
+        self.module = unwrap(model)
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
         self.autocast_dtype = AUTOCAST_DTYPES.get(cfg.precision)
         self.device_type = cfg.device_type
@@ -87,6 +111,14 @@ class Backend:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The bare model inside any wrappers (DataParallel, DDP, the autocast wrapper): the one whose parameters
+    the harness checksums, with the same parameter names in every backend."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
 
 
 def build_model(cfg) -> torch.nn.Module:

@@ -1,8 +1,26 @@
 """dp: torch.nn.DataParallel. One process feeds B x N samples to GPU 0, which scatters them to N replicas,
-gathers the outputs back and reduces the gradients onto GPU 0 (hence its memory imbalance)."""
+gathers the outputs back and reduces the gradients onto GPU 0 (hence its memory imbalance).
+
+Precision: ``parallel_apply`` runs each replica in a new thread and re-enters autocast there with
+``torch.amp.autocast(device_type, enabled=...)`` and no dtype, so under bf16 the replicas would run fp16
+(CUDA autocast's default) with no GradScaler. ``AutocastForward`` applies the record's dtype inside the
+module's own ``forward``, in whatever thread calls it.
+"""
 import torch
 
 from backends.base import Backend, build_model, device_for
+
+
+class AutocastForward(torch.nn.Module):
+    """Runs ``module`` under autocast with an explicit dtype in the calling thread (a DataParallel replica)."""
+
+    def __init__(self, module: torch.nn.Module, device_type: str, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.device_type, self.dtype = module, device_type, dtype
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
 
 
 class DataParallel(Backend):
@@ -21,10 +39,14 @@ class DataParallel(Backend):
         self.device = device_for(cfg, 0)
         self.device_ids = list(range(cfg.world_size)) if cfg.device_type == "cuda" else None
         model = build_model(cfg).to(self.device)
+        self.init_training(cfg, model, cfg.batch_size * cfg.world_size)  # scattered from GPU 0
+        if self.autocast_dtype is not None:
+            model = AutocastForward(model, cfg.device_type, self.autocast_dtype)
         if self.device_ids:  # on CPU, DataParallel would grab any visible GPU: run the module as it is
             model = torch.nn.DataParallel(model, device_ids=self.device_ids)
-        # The global batch comes from this one process and is split across the replicas.
-        self.init_training(cfg, model, cfg.batch_size * cfg.world_size)  # scattered from GPU 0
+        # The global batch comes from this one process and is split across the replicas; the optimizer built
+        # above holds the same parameter objects the wrappers call.
+        self.model = model
 
     def devices(self):
         if self.device_ids is None:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import backends
-from bench.config import DEFAULTS, PRECISIONS, ConfigError, RunConfig
+from bench.config import DEFAULTS, ON_OFF, PRECISIONS, ConfigError, RunConfig
 
 CPU_DEFAULT_MAX_WORKERS = 4
 
@@ -95,6 +95,7 @@ def check_writable(directory: Path) -> None:
 
 
 def plan(args) -> tuple[list[RunConfig], list[str]]:
+    """Every configuration to run once, in sweep order (``interleave`` adds the repetitions)."""
     from bench import data
 
     device_type, present = detect_device(args.device)
@@ -105,7 +106,29 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     check_model(model)
     if args.precision is not None and args.precision not in PRECISIONS:
         raise UsageError(f"unknown precision {args.precision!r}; choose from {', '.join(PRECISIONS)}")
+    if args.repeat is not None and args.repeat < 1:
+        raise UsageError(f"--repeat must be a positive integer, got {args.repeat}")
+    cudnn = None if args.cudnn_benchmark is None else ON_OFF[args.cudnn_benchmark]
     configs, notes = [], []
+
+    def add(name, n, precision, cudnn_benchmark, note=None):
+        backend = backends.create(name)
+        cfg = RunConfig(
+            backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
+            data=args.data, data_dir=args.data_dir, workers=args.workers,
+            image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
+            warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
+            windows=_pick(args.windows, d["windows"]), precision=precision, timeout=args.timeout,
+            options=backend_options(name, args), cudnn_benchmark=cudnn_benchmark,
+        ).validate()
+        least, why = backend.min_warmup(cfg)
+        if cfg.warmup < least:
+            raise UsageError(f"warmup {cfg.warmup} is too short for {name}: use at least {least} ({why})")
+        cfg.note = "; ".join(filter(None, [backend.note(cfg), note])) or None
+        if cfg.data == "imagenet" and cfg.workers is None:
+            cfg.workers = data.default_workers(n)  # per device, for every backend
+        configs.append(cfg)
+
     for name in names:
         backend = backends.create(name)
         limit = getattr(backend, "max_world_size", None)
@@ -113,22 +136,35 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             if limit and n > limit:
                 notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world size {n}")
                 continue
-            cfg = RunConfig(
-                backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
-                data=args.data, data_dir=args.data_dir, workers=args.workers, image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
-                warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
-                windows=_pick(args.windows, d["windows"]), precision=args.precision or backend.default_precision,
-                timeout=args.timeout, options=backend_options(name, args),
-            ).validate()
-            cfg.note = backend.note(cfg)
-            if cfg.data == "imagenet" and cfg.workers is None:
-                cfg.workers = data.default_workers(1 if cfg.launcher == "inproc" else n)
-            configs.append(cfg)
+            add(name, n, args.precision or backend.default_precision, cudnn)
+            if name == "dp" and device_type == "cuda" and n >= 2 and cudnn is None:
+                add(name, n, args.precision or backend.default_precision, False, DP_CUDNN_OFF_NOTE)
+    # Every efficiency cell needs single@1 at the same precision: plan it at every precision that a run which
+    # can happen here uses (on CPU, ddp_amp_syncbn's fp16 is skipped, so no fp16 single is planned for it).
+    if "single" in names and 1 in sizes and args.precision is None:
+        have = {c.precision for c in configs if c.backend == "single"}
+        used = [c.precision for c in configs if backends.create(c.backend).unavailable(c) is None]
+        for precision in dict.fromkeys(used):
+            if precision not in have:
+                add("single", 1, precision, cudnn, f"the {precision} scaling baseline")
+                have.add(precision)
     if args.data == "imagenet":
         data.check_imagenet(args.data_dir, max(c.global_batch for c in configs) if configs else 1)
     elif args.data_dir:
         raise UsageError("--data-dir is for --data imagenet; synthetic data needs no directory")
     return configs, notes
+
+
+DP_CUDNN_OFF_NOTE = ("labelled variant with cudnn.benchmark off: cuDNN's benchmark cache is per thread and "
+                     "DataParallel runs its replicas in new threads every step")
+
+
+def interleave(configs: list[RunConfig], repeats: int) -> list[RunConfig]:
+    """Every configuration once, then again, ``repeats`` times: slow drift (clocks, heat, neighbours) then hits
+    all configurations alike instead of whichever ran last."""
+    import dataclasses
+
+    return [dataclasses.replace(c, repeat_index=r, repeats=repeats) for r in range(1, repeats + 1) for c in configs]
 
 
 def backend_options(name: str, args) -> dict:
@@ -150,6 +186,7 @@ def cmd_run(args) -> int:
     configs, notes = plan(args)
     if not configs:
         raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
+    configs = interleave(configs, args.repeat or 1)
     results_dir = Path(args.results)
     check_writable(results_dir)
     for n in notes:
@@ -161,8 +198,10 @@ def cmd_run(args) -> int:
     records = []
     try:
         for i, cfg in enumerate(configs, 1):
+            rep = f" (repeat {cfg.repeat_index}/{cfg.repeats})" if cfg.repeats > 1 else ""
+            knob = " cudnn.benchmark off" if cfg.cudnn_benchmark is False else ""
             print(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} "
-                  f"{cfg.image_size}px batch {cfg.batch_size}/device {cfg.precision} ...", flush=True)
+                  f"{cfg.image_size}px batch {cfg.batch_size}/device {cfg.precision}{knob}{rep} ...", flush=True)
             rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend))
             records.append(rec)
             print(f"    {summary.one_line(rec)}", flush=True)
@@ -177,13 +216,16 @@ def cmd_run(args) -> int:
 
 
 def _not_yet_done(configs, results_dir, env_meta):
-    """--resume: drop configurations that already have an ok record (same grouping as reports and the gate)."""
+    """--resume: drop the runs already done. A configuration with k ok records (same grouping as reports and
+    the gate) has its first k repetitions done."""
+    from collections import Counter
+
     from bench import results
 
-    done = {results.config_key(r) for r in results.load(results_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
-            if r["status"] == "ok"}
-    todo = [c for c in configs if results.config_key(results.skeleton(c.to_dict(), "", env_meta)) not in done]
-    print(f"resume: {len(configs) - len(todo)} of {len(configs)} configurations already have an ok record in "
+    done = Counter(results.config_key(r) for r in results.load(
+        results_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) if r["status"] == "ok")
+    todo = [c for c in configs if done[results.config_key(results.skeleton(c.to_dict(), "", env_meta))] < c.repeat_index]
+    print(f"resume: {len(configs) - len(todo)} of {len(configs)} runs already have an ok record in "
           f"{results_dir}; running {len(todo)}", file=sys.stderr)
     return todo
 
@@ -285,11 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--windows", type=int, help="timed windows (raw times are kept in the record)")
     r.add_argument("--precision", help="fp32 | fp16 | bf16 (default: the backend's own, fp32 for most)")
     r.add_argument("--timeout", type=float, help="seconds per run before it is killed (default scales with steps)")
+    r.add_argument("--repeat", type=int, help="runs of every configuration, each its own process tree, in "
+                                              "interleaved order (default 1); the run is the statistical unit")
+    r.add_argument("--cudnn-benchmark", choices=tuple(ON_OFF),
+                   help="torch.backends.cudnn.benchmark on CUDA (default on; make bench also runs dp with it off)")
     r.add_argument("--hvd-compression", default="none", choices=("none", "fp16"),
                    help="horovod gradient compression (default none: like-for-like with fp32 DDP)")
     r.add_argument("--data", default="synthetic", help="synthetic (a fixed batch on the device) | imagenet")
     r.add_argument("--data-dir", help="ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)")
-    r.add_argument("--workers", type=int, help="DataLoader processes per rank (default: its share of the cores - 1)")
+    r.add_argument("--workers", type=int, help="DataLoader processes per device, for every backend (dp's one process "
+                                               "gets N times as many, capped by the cores; default: cores / N - 1)")
     r.add_argument("--resume", action="store_true",
                    help="skip configurations that already have an ok record in the results directory")
     r.add_argument("--results", default="results/raw", help="directory for the records (default results/raw)")
@@ -311,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     # func(args) -> exit code.
     import importlib
 
-    for mod in ("report", "compare"):
+    for mod in ("report", "compare", "baseline"):
         importlib.import_module(f"bench.{mod}").register(sub)
     return p
 

@@ -1,33 +1,33 @@
-"""The regression gate: ``python -m bench compare BASELINE CURRENT`` and ``python -m bench baseline save``.
+"""The regression gate: ``python -m bench compare BASELINE CURRENT``.
 
 What is compared. BASELINE and CURRENT are record files, directories of records, or saved baselines
-(``results/baselines/NAME.json``). Only ``ok`` records count. Records are grouped with
-``results.config_key`` (the report's grouping); several runs of one configuration are pooled. Every timed
-window is one throughput sample, ``global_batch * steps_per_window / window_seconds[i]``, and the
-summary is the median over the pooled windows; ``ratio = median(current) / median(baseline)``.
+(``results/baselines/NAME.json``, see ``bench/baseline.py``). Only ``ok`` records count. Records are grouped
+with ``results.config_key`` (the report's grouping). **The run is the unit**: each run is summarised by the
+median of its per-window throughputs (``global_batch * steps_per_window / window_seconds[i]``), a side by the
+median of its run medians (``stats.summarise_runs``, as in the report), and ``ratio = current / baseline``.
+Windows of one run share its conditions (algorithm picks, clocks, neighbours), so testing windows as if
+they were independent samples raises false alarms whenever runs differ by a few percent; runs are the
+samples here.
 
 When a change counts. A configuration is ``slower`` (or ``faster``) only when the difference is
-statistically significant AND larger than the threshold: ``p < alpha`` and ``ratio < 1 - threshold``
-(``> 1 + threshold``). A significant change inside the threshold, or any change without significance,
-is ``no significant change`` (the notes column says which). pyperf and asv gate the same way.
+statistically significant across runs AND larger than the threshold: ``p < alpha`` and
+``ratio < 1 - threshold`` (``> 1 + threshold``). A significant change inside the threshold, or any change
+without significance, is ``no significant change`` (the notes column says which). pyperf and asv gate the
+same way.
 
-The test. Default: Mann-Whitney U, two-sided (``scipy.stats.mannwhitneyu``; exact for small samples
-without ties). It compares whole distributions without assuming normality, so one stalled window (a
-data-loader hiccup, a noisy neighbour) cannot fake or hide a change, and it matches the median we
-report. Its catch is that with few windows it cannot reach small p-values: the smallest attainable
-two-sided p (exact test) is ``2 / C(n+m, n)``: 0.1 for 3 vs 3 windows, 0.029 for 4 vs 4, 0.0079 for 5 vs 5
-(scipy uses the normal approximation above 8 a side or with ties: 0.00018 for 10 vs 10). The gate computes
-this floor for the actual sample sizes. With the default alpha 0.01 a configuration therefore needs at least 5 windows a side
-(pooled over runs). When it has fewer, the gate does not pass it silently: the verdict is ``no
-significant change`` with the note "too few windows for significance at alpha", and a warning goes to
-stderr. ``--test welch`` uses Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``) instead,
-which reaches any alpha from 2 windows a side but assumes roughly normal windows.
+The test (``stats.significance``). Default: Welch's t-test on the log of the run medians, which reaches any
+alpha from 2 runs a side. ``--test mwu``: Mann-Whitney U on the run medians (no normality assumed, but
+with n runs a side it cannot go below p = 2 / C(2n, n): 0.1 for 3 vs 3, 0.0079 for 5 vs 5). The gate
+computes this floor for the actual numbers of runs; when it is above alpha (one run a side: the run-to-run
+spread is unknown) the configuration is NOT gated: the verdict is ``no significant change`` with the note
+"too few runs for significance", and a warning goes to stderr. ``make regress`` runs 3 repeats a side.
 
-Memory. Peak device memory of a run is the largest ``peak_reserved_bytes`` over its devices (the
-caching allocator's reservation: what decides whether a batch fits); runs of one configuration give
-their median. Growth above the threshold is ``more memory`` and fails the gate like ``slower``. CPU
-records have no device memory; their host peak RSS (largest over ranks) is reported but not gated,
-because it is mostly the interpreter and libraries, not the training step; ``--gate-host-memory`` gates it.
+Memory. Peak device memory of a run is the largest timed-window ``peak_reserved_bytes`` over its devices
+(the caching allocator's reservation after warm-up: what decides whether a batch fits); runs of one
+configuration give their median. Growth above the threshold is ``more memory`` and fails the gate like
+``slower``. CPU records have no device memory; their host peak RSS (largest over ranks) is reported but not
+gated, because it is mostly the interpreter and libraries, not the training step; ``--gate-host-memory``
+gates it.
 
 Hardware. Throughput from different GPU models (or CPU vs GPU) is not comparable, so the gate refuses,
 exit 2, when the two sides were measured on different hardware, unless ``--allow-different-hardware``
@@ -37,24 +37,22 @@ driver versions are allowed, with one warning line each: they are often the chan
 Exit codes: 0 nothing regressed; 1 something is slower or uses more memory; 2 bad input (a missing path,
 no records, bad option values, different hardware, or no configuration present on both sides: a gate
 that compared nothing must not pass). New and missing configurations are listed but do not fail; a
-configuration whose current run *failed* (crash, hang, out of memory) fails the gate, and so does a current
-run whose replicas ended with different parameters (``replicas_consistent: false``).
+configuration with a *failed* current run (crash, hang, out of memory), even beside ok repeats, fails the
+gate, and so does a current run whose replicas ended with different parameters
+(``replicas_consistent: false``).
 """
 from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
-TESTS = {"mwu": "Mann-Whitney U (two-sided)", "welch": "Welch's t-test (two-sided)"}
+from bench.stats import TESTS  # noqa: E402 (light: numpy and scipy.stats)
 FORMATS = ("md", "json")
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.01
 ENV_VERSIONS = ("torch", "cuda", "cudnn", "nccl", "driver")
-BASELINE_DIR = "results/baselines"
-BASELINE_SCHEMA = 1
 GiB = 2 ** 30
 
 SLOWER, FASTER, SAME, NEW, MISSING = "slower", "faster", "no significant change", "new", "missing"
@@ -81,7 +79,7 @@ def _warn(msg: str) -> None:
 def register(sub) -> None:
     c = sub.add_parser(
         "compare", help="regression gate: compare CURRENT records with a BASELINE (exit 1 on a regression)",
-        description="Compare throughput (per-window samples) and peak memory of every configuration present in "
+        description="Compare throughput (run medians) and peak memory of every configuration present in "
                     "both BASELINE and CURRENT. Exit 0: nothing regressed; 1: something is slower or uses more "
                     "memory; 2: bad input.")
     c.add_argument("baseline", metavar="BASELINE", help="record file, directory of records, or saved baseline")
@@ -90,8 +88,9 @@ def register(sub) -> None:
                    help=f"relative change that counts, 0 <= t < 1 (default {DEFAULT_THRESHOLD}: 5%%)")
     c.add_argument("--alpha", default=str(DEFAULT_ALPHA),
                    help=f"significance level, 0 < alpha < 1 (default {DEFAULT_ALPHA})")
-    c.add_argument("--test", default="mwu",
-                   help="mwu: Mann-Whitney U (default, needs >= 5 windows a side at alpha 0.01) | welch: Welch's t")
+    c.add_argument("--test", default="welch",
+                   help="welch: Welch's t-test on log run medians (default, >= 2 runs a side) | mwu: Mann-Whitney U "
+                        "on run medians (>= 5 runs a side at alpha 0.01)")
     c.add_argument("--format", default="md", help="md (default: a Markdown table) | json")
     c.add_argument("--out", help="also write the report to this file")
     c.add_argument("--allow-different-hardware", action="store_true",
@@ -99,23 +98,6 @@ def register(sub) -> None:
     c.add_argument("--gate-host-memory", action="store_true",
                    help="also fail on host peak RSS growth (CPU runs); reported but not gated by default")
     c.set_defaults(func=cmd_compare)
-
-    b = sub.add_parser("baseline", help="manage stored baselines for the regression gate (save, name)")
-    bsub = b.add_subparsers(dest="baseline_command", metavar="{save,name}", required=True)
-    s = bsub.add_parser(
-        "save", help="write the ok records of a results directory to results/baselines/NAME.json",
-        description="Write the ok records from DIR as one baseline file, atomically. An existing baseline is "
-                    "only replaced with --force: every later CI run is judged against it.")
-    s.add_argument("--from", dest="source", required=True, metavar="DIR", help="results directory (or file) to take records from")
-    s.add_argument("--name", help="baseline name (default: the hardware of the records, e.g. NVIDIA-H100-80GB-HBM3)")
-    s.add_argument("--out-dir", default=BASELINE_DIR, help=f"where baselines live (default {BASELINE_DIR})")
-    s.add_argument("--latest", action="store_true", help="keep only the latest ok run of each configuration")
-    s.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
-    s.set_defaults(func=cmd_baseline_save)
-    n = bsub.add_parser("name", help="print the default baseline name: the hardware of --from's records, or of "
-                                     "this machine (CUDA device 0, else the CPU model)")
-    n.add_argument("--from", dest="source", metavar="DIR", help="derive the name from these records' hardware")
-    n.set_defaults(func=cmd_baseline_name)
 
 
 def _fraction(text: str, name: str, low_inclusive: bool) -> float:
@@ -137,7 +119,7 @@ def cmd_compare(args) -> int:
         if args.format not in FORMATS:
             raise BadInput(f"unknown format {args.format!r}; choose from {', '.join(FORMATS)}")
         if args.test not in TESTS:
-            raise BadInput(f"unknown test {args.test!r}; choose from mwu (Mann-Whitney U), welch (Welch's t)")
+            raise BadInput(f"unknown test {args.test!r}; choose from welch (Welch's t), mwu (Mann-Whitney U)")
         base = _load_side(args.baseline, "baseline")
         cur = _load_side(args.current, "current")
         result = compare(base, cur, threshold=threshold, alpha=alpha, test=args.test,
@@ -257,35 +239,9 @@ def env_differences(base: list[dict], cur: list[dict]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Statistics
+# The comparison
 
-def significance(base, cur, test: str) -> tuple[float, float]:
-    """(p-value, smallest p-value this test can give for these sample sizes)."""
-    import warnings
-
-    import numpy as np
-    from scipy import stats
-
-    base, cur = np.asarray(base, dtype=float), np.asarray(cur, dtype=float)
-    n, m = base.size, cur.size
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        if test == "mwu":
-            p = stats.mannwhitneyu(cur, base, alternative="two-sided").pvalue
-            # fully separated samples give the smallest p the test (and its method for these sizes) can reach
-            min_p = stats.mannwhitneyu(np.arange(m), np.arange(m, m + n), alternative="two-sided").pvalue
-        else:
-            if n < 2 or m < 2:
-                return 1.0, 1.0
-            p = stats.ttest_ind(cur, base, equal_var=False).pvalue
-            min_p = 0.0
-            if np.ptp(base) == 0 and np.ptp(cur) == 0:  # no spread: the difference is exact, or there is none
-                p = 1.0 if base[0] == cur[0] else 0.0
-    p = 1.0 if not np.isfinite(p) else float(p)
-    return p, float(min_p)
-
-
-def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "mwu",
+def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "welch",
             allow_different_hardware: bool = False, gate_host_memory: bool = False, warn=_warn) -> dict:
     """The whole comparison as a dict (what ``--format json`` prints); raises BadInput on mismatched hardware."""
     base_hw, cur_hw = check_hardware(base["ok"], cur["ok"], allow_different_hardware, warn)
@@ -304,7 +260,14 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
     rows = []
     for key in sorted(set(bg) | set(cg), key=_sort_key):
         if key in bg and key in cg:
-            rows.append(_compare_one(bg[key], cg[key], threshold, alpha, test, gate_host_memory))
+            row = _compare_one(bg[key], cg[key], threshold, alpha, test, gate_host_memory)
+            failed = [r for r in c_other.get(key, []) if r["status"] == "failed"]
+            if failed:  # a repeat that crashes beside ok ones is flaky, and flaky fails the gate
+                row["verdict"] = FAILED if row["verdict"] == SAME else f"{row['verdict']}, {FAILED}"
+                row["regression"] = True
+                row["notes"].append(f"{len(failed)} of {len(failed) + len(cg[key])} current runs failed: "
+                                    f"{failed[-1].get('reason') or 'no reason recorded'}")
+            rows.append(row)
         elif key in cg:
             why = "not in the baseline"
             if key in b_other:
@@ -329,9 +292,9 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
     underpowered = [r for r in compared if r["underpowered"]]
     if underpowered:
         worst = max(r["min_p_value"] for r in underpowered)
-        warn(f"{len(underpowered)} configuration(s) have too few windows for significance at alpha {alpha:g} "
-             f"with {TESTS[test]} (smallest attainable p {worst:.2g}): their throughput was NOT gated; run more "
-             f"windows (>= 5 a side at alpha 0.01) or use --test welch")
+        warn(f"{len(underpowered)} configuration(s) have too few runs for significance at alpha {alpha:g} "
+             f"with {TESTS[test]} (smallest attainable p {worst:.2g}): their throughput was NOT gated; repeat the "
+             f"runs (bench run --repeat 3; with --test mwu, 5 a side at alpha 0.01)")
     return {
         "schema": 1,
         "test": test,
@@ -361,20 +324,18 @@ def _pct(x: float) -> str:
 
 
 def _side_summary(recs: list[dict]) -> dict:
-    import numpy as np
+    from bench.stats import record_throughputs, summarise_runs
 
-    from bench.stats import record_throughputs
-
-    samples = [s for s in (record_throughputs(r) for r in recs) if s is not None]
-    pooled = np.concatenate(samples) if samples else np.asarray([], dtype=float)
+    runs = summarise_runs([record_throughputs(r) for r in recs])
     return {
         "runs": len(recs),
-        "windows": int(pooled.size),
-        "median_throughput": float(np.median(pooled)) if pooled.size else None,
+        "windows": runs["windows"],
+        "median_throughput": runs["median"],
+        "run_medians": runs["run_medians"],
+        "cv_runs": runs["cv_runs"],
         "peak_reserved_bytes": _median(peak_device_memory(r) for r in recs),
         "host_peak_rss_bytes": _median(peak_host_rss(r) for r in recs),
         "run_ids": [r.get("run_id") for r in recs],
-        "_samples": pooled,
     }
 
 
@@ -405,15 +366,17 @@ def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict
         verdicts.append(SAME)
         notes.append("no valid window times on one side: throughput not compared")
     else:
+        from bench.stats import significance
+
         ratio = c["median_throughput"] / b["median_throughput"]
-        p, min_p = significance(b["_samples"], c["_samples"], test)
+        p, min_p = significance(b["run_medians"], c["run_medians"], test)
         row.update(ratio=ratio, p_value=p, min_p_value=min_p)
         change = f"{(ratio - 1) * 100:+.1f}%"
         if min_p > alpha:
             row["underpowered"] = True
             verdicts.append(SAME)
-            notes.append(f"{change}: too few windows for significance at alpha {alpha:g} ({b['windows']} vs "
-                         f"{c['windows']} windows; {TESTS[test]} cannot go below p={min_p:.2g}): NOT gated")
+            notes.append(f"{change}: too few runs for significance at alpha {alpha:g} ({len(b['run_medians'])} vs "
+                         f"{len(c['run_medians'])} runs; {TESTS[test]} cannot go below p={min_p:.2g}): NOT gated")
         elif p >= alpha:
             verdicts.append(SAME)
             notes.append(f"{change}, not significant (p={p:.2g} >= alpha {alpha:g})")
@@ -470,6 +433,13 @@ def _num(x: float | None) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
+def _side_cell(side: dict | None) -> str:
+    if not side:
+        return "-"
+    cv = f", CV {side['cv_runs'] * 100:.1f}%" if side.get("cv_runs") is not None else ""
+    return f"{_num(side['median_throughput'])} ({side['runs']} runs, {side['windows']} windows{cv})"
+
+
 def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x / GiB:.2f}"
 
@@ -504,8 +474,9 @@ def render_md(result: dict) -> str:
         "",
         hw_line + "  ",
         f"**Test:** {result['test_name']} on per-window throughput; a change counts when p < {result['alpha']:g} "
-        f"AND it exceeds {_pct(result['threshold'])}. Throughput is the median img/s over all windows of all ok runs "
-        f"(n = windows); ratio = current / baseline. Peak memory: device reserved bytes (max over GPUs)"
+        f"AND it exceeds {_pct(result['threshold'])}. The run is the unit: throughput is the median of the run "
+        f"medians of global img/s (runs, windows; CV = run-to-run spread); ratio = current / baseline. Peak memory: "
+        f"timed-window device reserved bytes (max over GPUs)"
         f"{'; host RSS is gated' if result['gate_host_memory'] else '; host RSS (CPU) is reported, not gated'}.",
         "",
     ]
@@ -517,8 +488,8 @@ def render_md(result: dict) -> str:
               "|---|--:|--:|--:|--:|---|---|---|"]
     for r in result["rows"]:
         b, c = r["baseline"], r["current"]
-        base = f"{_num(b['median_throughput'])} (n={b['windows']})" if b else "-"
-        cur = f"{_num(c['median_throughput'])} (n={c['windows']})" if c else "-"
+        base = _side_cell(b)
+        cur = _side_cell(c)
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
         p = f"{r['p_value']:.2g}" if r["p_value"] is not None else "-"
         verdict = f"**{r['verdict']}**" if r["regression"] else r["verdict"]
@@ -545,112 +516,3 @@ def summary_line(result: dict) -> str:
 
 def render_json(result: dict) -> str:
     return json.dumps(result, indent=1, sort_keys=False, default=str) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Baselines
-
-def slug(text: str) -> str:
-    """A file-name-safe baseline name: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA-H100-80GB-HBM3'."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "unknown"
-
-
-def default_name(recs: list[dict]) -> str:
-    from bench import results
-
-    hws = sorted({results.hardware(r) for r in recs})
-    if len(hws) != 1:
-        raise BadInput(f"the records come from {len(hws)} kinds of hardware ({'; '.join(hws)}); give --name")
-    return slug(hws[0])
-
-
-def machine_name() -> str:
-    """The default baseline name for this machine: the model of CUDA device 0, or the CPU model without CUDA.
-
-    The GPU name comes from torch, as in the records' ``memory[].device_name`` that ``results.hardware``
-    reads, so the name matches what ``bench run --device auto`` will record here.
-    """
-    import torch
-
-    from bench import results
-
-    if torch.cuda.is_available():
-        return slug(torch.cuda.get_device_name(0))
-    return slug(f"CPU: {results._cpu_model() or 'unknown'}")
-
-
-def _check_name(name: str) -> str:
-    name = name[:-5] if name.endswith(".json") else name
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise BadInput(f"baseline name {name!r}: use letters, digits, '.', '_' and '-' only (it becomes a file name)")
-    return name
-
-
-def _started(rec: dict) -> str:
-    return str(rec.get("finished_at") or (rec.get("env") or {}).get("started_at") or rec.get("run_id") or "")
-
-
-def cmd_baseline_save(args) -> int:
-    from bench import results
-
-    try:
-        src = Path(args.source)
-        if not src.exists():
-            raise BadInput(f"--from {args.source!r} does not exist")
-        recs = results.load(src, warn=_warn)
-        ok = [r for r in recs if r.get("status") == "ok" and r.get("window_seconds")]
-        if not ok:
-            raise BadInput(f"--from {args.source!r}: no ok records to save ({len(recs)} record(s) read, "
-                           f"{len(recs) - len(ok)} not ok); a baseline must hold at least one successful run")
-        if args.latest:
-            latest = {}
-            for r in sorted(ok, key=_started):
-                latest[results.config_key(r)] = r
-            ok = list(latest.values())
-        name = _check_name(args.name) if args.name else default_name(ok)
-    except BadInput as e:
-        return _error(str(e))
-    out_dir = Path(args.out_dir)
-    final = out_dir / f"{name}.json"
-    if final.exists() and not args.force:
-        return _error(f"baseline {str(final)!r} exists; every later CI run is judged against it, so replacing it "
-                      f"must be deliberate: pass --force (and review the diff before committing)")
-    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in sorted(ok, key=_started)]
-    doc = {
-        "schema": BASELINE_SCHEMA,
-        "name": name,
-        "created_at": results.utc_now(),
-        "source": str(src),
-        "hardware": sorted({results.hardware(r) for r in ok}),
-        "configurations": len({results.config_key(r) for r in ok}),
-        "records": clean,
-    }
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        results.write_json_atomic(doc, final, overwrite=args.force)
-    except FileExistsError:
-        return _error(f"baseline {str(final)!r} exists; pass --force to replace it")
-    except OSError as e:
-        return _error(f"cannot write baseline {str(final)!r}: {e.strerror or e}")
-    skipped = len(recs) - len(ok)
-    print(f"baseline {name}: {len(clean)} record(s), {doc['configurations']} configuration(s) on "
-          f"{'; '.join(doc['hardware'])} -> {final}" + (f" ({skipped} record(s) left out)" if skipped else ""))
-    return 0
-
-
-def cmd_baseline_name(args) -> int:
-    from bench import results
-
-    try:
-        if args.source:
-            if not Path(args.source).exists():
-                raise BadInput(f"--from {args.source!r} does not exist")
-            ok = [r for r in results.load(args.source, warn=_warn) if r.get("status") == "ok"]
-            if not ok:
-                raise BadInput(f"--from {args.source!r}: no ok records to name a baseline after")
-            print(default_name(ok))
-        else:
-            print(machine_name())
-    except BadInput as e:
-        return _error(str(e))
-    return 0

@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEVICE_TYPES = ("cuda", "cpu")
+ON_OFF = {"on": True, "off": False}
+
+# Untimed steps needed before the timed windows are steady. Step 1 pays lazy initialisation, cuDNN's
+# algorithm search and DDP's first iteration; DDP rebuilds its gradient buckets at the start of step 2
+# (torch/nn/parallel/distributed.py, _rebuild_buckets). Backends that need more say so (Backend.min_warmup).
+MIN_WARMUP = 2
 
 # Defaults that finish quickly: a real ImageNet-size run on GPU; on CPU a small model at a small
 # image size, so a 2-core machine runs the whole default suite in a few minutes.
@@ -40,14 +46,21 @@ class RunConfig:
     timeout: float | None = None
     note: str | None = None
     options: dict = field(default_factory=dict)  # backend-specific knobs, recorded as they ran
+    cudnn_benchmark: bool | None = None  # torch.backends.cudnn.benchmark on CUDA (None on CPU: no cuDNN)
+    repeat_index: int = 1  # this run is repetition repeat_index of repeats (bench run --repeat)
+    repeats: int = 1
 
     def validate(self) -> "RunConfig":
         for name in ("world_size", "image_size", "batch_size", "steps", "windows"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ConfigError(f"warmup must be a non-negative integer, got {self.warmup!r}")
+        if not isinstance(self.warmup, int) or self.warmup < MIN_WARMUP:
+            raise ConfigError(f"warmup {self.warmup!r} is too short to reach steady state; use at least {MIN_WARMUP} "
+                              f"(step 1 pays lazy initialisation and cuDNN's algorithm search, and DDP rebuilds its "
+                              f"gradient buckets at step 2)")
+        if not (isinstance(self.repeats, int) and self.repeats >= 1 and 1 <= self.repeat_index <= self.repeats):
+            raise ConfigError(f"repeat must be a positive integer, got {self.repeats!r}")
         if self.timeout is not None and not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise ConfigError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         if self.precision not in PRECISIONS:
@@ -58,6 +71,10 @@ class RunConfig:
             raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
         if self.device_type not in DEVICE_TYPES:
             raise ConfigError(f"unknown device type {self.device_type!r}; choose from {', '.join(DEVICE_TYPES)}")
+        if self.device_type == "cpu":
+            self.cudnn_benchmark = None  # nothing to switch: recorded as not applicable
+        elif self.cudnn_benchmark is None:
+            self.cudnn_benchmark = True  # what users run
         return self
 
     @property

@@ -29,9 +29,16 @@ class DataError(ConfigError):
     """A data directory the run cannot use; the message is one line."""
 
 
-def default_workers(procs: int) -> int:
-    """Loader processes per rank: the rank's share of the cores, leaving one core for the training loop."""
-    return max(0, min(8, (os.cpu_count() or 1) // max(1, procs) - 1))
+def default_workers(devices: int) -> int:
+    """Loader processes per device: each device's share of the cores, leaving one core per training process."""
+    return max(0, min(8, (os.cpu_count() or 1) // max(1, devices) - 1))
+
+
+def loader_workers(cfg, feeds_devices: int) -> int:
+    """DataLoader processes for one training process that feeds ``feeds_devices`` devices. ``--workers`` is per
+    device for every backend, so nn.DataParallel's one process (feeding all N GPUs) gets N times as many as
+    one DDP rank, capped by the cores; otherwise DataParallel would be input-bound by construction."""
+    return min(cfg.workers * feeds_devices, os.cpu_count() or 1) if cfg.workers else 0
 
 
 def check_imagenet(data_dir: str | None, global_batch: int) -> int:
@@ -146,7 +153,9 @@ def batches_for(cfg, backend):
     """The iterator a backend trains from, fed ``backend.feed_batch`` samples per step on ``backend.data_device``."""
     if cfg.data == "synthetic":
         return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, backend.rank)
-    loader = imagenet_loader(cfg.data_dir, cfg.image_size, backend.feed_batch, cfg.workers, backend.rank,
+    feeds = cfg.world_size if backend.launcher == "inproc" else 1  # dp feeds every GPU from one process
+    backend.loader_workers = loader_workers(cfg, feeds)
+    loader = imagenet_loader(cfg.data_dir, cfg.image_size, backend.feed_batch, backend.loader_workers, backend.rank,
                              backend.world_size, distributed=backend.launcher != "inproc",
                              pin_memory=cfg.device_type == "cuda", seed=cfg.seed)
     return TimedBatches(loader, backend.data_device)

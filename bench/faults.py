@@ -4,6 +4,8 @@
     hang@rank1[:step2]   rank 1 sleeps forever at that step (default step 1)
     oom[@rank0][:step1]  raise torch.cuda.OutOfMemoryError, as a too-large batch would
     diverge@rank1        after training, perturb rank 1's parameters (the replica check must catch it)
+    bloat@rank0:step2    hold 256 MiB on the rank's first device through that step (a one-time peak such as
+                         cuDNN's search workspace; in a warm-up step it must not reach the timed peaks)
 
 A ``BACKEND/`` prefix limits a fault to one backend (``ddp/crash@rank1:step3``), so a sweep can show that
 one failing run does not stop the next. Several faults are separated by commas. With BENCH_FAULT unset nothing is installed: the timed loop
@@ -17,7 +19,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "oom", "diverge")
+KINDS = ("crash", "hang", "oom", "diverge", "bloat")
+BLOAT_BYTES = 256 * 2 ** 20
 _SPEC = re.compile(r"^(?:(?P<backend>[a-z_]+)/)?(?P<kind>[a-z]+)(?:@rank(?P<rank>\d+))?(?::step(?P<step>\d+))?$")
 
 
@@ -49,17 +52,16 @@ class Fault:
                 if f.rank == backend.rank and f.kind in kinds and f.backend in (None, backend.name)]
 
     def install(self, backend) -> None:
-        mine = self._mine(backend, ("crash", "hang", "oom"))
+        mine = self._mine(backend, ("crash", "hang", "oom", "bloat"))
         if not mine:
             return
         original, count = backend.step, [0]
 
         def step():
             count[0] += 1
-            for f in mine:
-                if f.step == count[0]:
-                    _trigger(f)
+            held = [_trigger(f, backend) for f in mine if f.step == count[0]]  # a bloat block lives through the step
             original()
+            del held
 
         backend.step = step
 
@@ -71,8 +73,12 @@ class Fault:
                 next(backend.module.parameters()).add_(1e-3)
 
 
-def _trigger(f: _One) -> None:
+def _trigger(f: _One, backend):
     print(f"BENCH_FAULT: injected {f.kind} on rank {f.rank} at step {f.step}", file=sys.stderr, flush=True)
+    if f.kind == "bloat":
+        import torch
+
+        return torch.ones(BLOAT_BYTES // 4, device=backend.devices()[0])  # written, so the pages are resident
     if f.kind == "crash":
         os._exit(13)
     if f.kind == "hang":

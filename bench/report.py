@@ -1,14 +1,17 @@
 """``python -m bench report``: REPORT.md, summary.csv and plots from the raw records.
 
-Runs of one configuration (``results.config_key``) are pooled: every timed window of every ok run is one
-throughput sample, summarised by its median and a 95% bootstrap interval. Different device types or
+Runs of one configuration (``results.config_key``) are summarised with the run as the unit
+(``stats.summarise_runs``): the median of the run medians, a hierarchical bootstrap interval (runs, then
+windows within a run) and the run-to-run CV; a configuration with one run gets the window bootstrap, marked
+"within-run only". Different device types or
 hardware models never share a table: one section per (device type, hardware), each with its own header.
 Inside a section, one block per workload (model, image size, per-device batch, data); precision is a
 column there, because AMP against fp32 is one of the comparisons the suite exists for.
 
 Scaling efficiency is computed here, never stored: thr(backend, N) / (N x thr(single, 1)) with the
 baseline matched on ``BASELINE_MATCH``. Backend options (Horovod compression) are the backend's own knobs
-and are not matched against ``single``; the own-world-size-1 baseline matches everything but N.
+and are not matched against ``single``; the own-world-size-1 baseline matches everything but N. The cuDNN
+knob is matched where such a baseline exists, else the baseline with the default (on) is used.
 """
 from __future__ import annotations
 
@@ -22,12 +25,14 @@ GiB = 2 ** 30
 BASELINE = "single"
 BASELINE_MATCH = ("model", "image_size", "precision", "batch_per_device", "data", "device_type", "hardware")
 OWN_MATCH = BASELINE_MATCH + ("backend", "options")
+KNOB = "cudnn_benchmark"  # matched when the baseline has it, else the default (on)
 SECTION = ("device_type", "hardware")
 WORKLOAD = ("model", "image_size", "batch_per_device", "data")
 ORDER = ("single", "dp", "ddp", "ddp_spawn", "ddp_amp_syncbn", "horovod")  # table order; others follow
 STAR = "★"
 CSV_FIRST = ["device_type", "hardware", "model", "image_size", "batch_per_device", "data", "precision", "backend",
              "options", "world_size"]
+WITHIN_RUN = "within-run only"
 CPU_CAVEAT = ("**CPU figures.** These numbers come from CPU worker processes over gloo on this host; "
               "they say nothing about GPU scaling.")
 
@@ -98,11 +103,12 @@ def device_memory(rec: dict) -> list[dict]:
     """Per-device peak memory in bytes, ordered by device index (empty on CPU)."""
     mem = sorted(rec.get("memory") or [], key=lambda m: (m.get("device_index") is None, m.get("device_index")))
     return [{"index": m.get("device_index", i), "reserved": m.get("peak_reserved_bytes"),
-             "allocated": m.get("peak_allocated_bytes"), "nvml": m.get("nvml_used_bytes")} for i, m in enumerate(mem)]
+             "allocated": m.get("peak_allocated_bytes"), "nvml": m.get("nvml_used_bytes"),
+             "warmup_reserved": m.get("warmup_peak_reserved_bytes")} for i, m in enumerate(mem)]
 
 
 def summarise(recs: list[dict]):
-    """One row per configuration: pooled throughput, memory, counts, then efficiency and the best mark."""
+    """One row per configuration: run-level throughput, memory, counts, then efficiency and the best mark."""
     import pandas as pd
     from bench import results, stats
 
@@ -111,15 +117,16 @@ def summarise(recs: list[dict]):
     for key, g in df.groupby(list(results.CONFIG_KEYS), sort=False, dropna=False):
         group = sorted(g["_rec"], key=lambda r: str(r["run_id"]))
         ok = [r for r in group if r["status"] == "ok"]
+        thr = stats.summarise_runs([stats.record_throughputs(r) for r in ok])
         samples = [x for r in ok for x in window_throughputs(r)]
         row = dict(zip(results.CONFIG_KEYS, key), runs_ok=len(ok), runs_not_ok=len(group) - len(ok),
                    status="ok" if ok else group[-1]["status"], reason=None if ok else group[-1]["reason"],
                    note="; ".join(sorted({r["note"] for r in group if r.get("note")})) or None,
-                   global_img_s=None, ci95_low_img_s=None, ci95_high_img_s=None, per_device_img_s=None)
-        if samples:
-            med, (lo, hi) = stats.median_ci95(samples)
-            row.update(global_img_s=med, ci95_low_img_s=lo, ci95_high_img_s=hi,
-                       per_device_img_s=med / row["world_size"])
+                   global_img_s=thr["median"], ci95_low_img_s=None, ci95_high_img_s=None, interval=thr["interval"],
+                   cv_runs_pct=None if thr["cv_runs"] is None else 100 * thr["cv_runs"],
+                   per_device_img_s=None if thr["median"] is None else thr["median"] / key[1])
+        if thr["ci95"]:
+            row.update(ci95_low_img_s=thr["ci95"][0], ci95_high_img_s=thr["ci95"][1])
         dev = [device_memory(r) for r in ok]
         peak = lambda field: max([m[field] for d in dev for m in d if m[field]], default=None)  # noqa: E731
         rss = [b for r in ok for b in r.get("host_peak_rss_bytes") or [] if b]
@@ -128,8 +135,9 @@ def summarise(recs: list[dict]):
                for d, r in zip(dev, ok)]
         gib = lambda b: b / GiB if b else None  # noqa: E731
         row.update(peak_reserved_max_gib=gib(peak("reserved")), peak_allocated_max_gib=gib(peak("allocated")),
-                   host_rss_max_gib=gib(max(rss, default=None)),
-                   memory_imbalance=max([x for x in imb if x is not None], default=None), _recs=group, _samples=samples)
+                   warmup_peak_reserved_max_gib=gib(peak("warmup_reserved")), host_rss_max_gib=gib(max(rss, default=None)),
+                   memory_imbalance=max([x for x in imb if x is not None], default=None),
+                   skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples)
         rows.append(row)
     return nones(add_efficiency(nones(pd.DataFrame(rows))))
 
@@ -141,18 +149,27 @@ def nones(df):
 
 
 def add_efficiency(s):
-    """Efficiency (%) against single@1 and against the backend's own world-size-1 run; None: no baseline."""
+    """Efficiency (%) against single@1 and against the backend's own world-size-1 run; None: no baseline.
+    The best mark goes to the highest median at each world size, per precision (fp16 is not ranked
+    against fp32)."""
     rows = s.to_dict("records")
     key = lambda r, keys: tuple(r[k] for k in keys)  # noqa: E731
     at1 = [r for r in rows if r["world_size"] == 1 and r["global_img_s"]]
-    single = {key(r, BASELINE_MATCH): r["global_img_s"] for r in at1 if r["backend"] == BASELINE}
-    own = {key(r, OWN_MATCH): r["global_img_s"] for r in at1}
-    for col, base, keys in (("eff_vs_single_pct", single, BASELINE_MATCH), ("eff_vs_own_ws1_pct", own, OWN_MATCH)):
-        s[col] = [100.0 * r["global_img_s"] / (r["world_size"] * base[key(r, keys)])
-                  if r["global_img_s"] and key(r, keys) in base else None for r in rows]
+    single = {(key(r, BASELINE_MATCH), r[KNOB]): r["global_img_s"] for r in at1 if r["backend"] == BASELINE}
+    own = {(key(r, OWN_MATCH), r[KNOB]): r["global_img_s"] for r in at1}
+
+    def base_of(r, table, keys):
+        for knob in dict.fromkeys((r[KNOB], True, None)):  # the same cuDNN setting, else the default
+            if (key(r, keys), knob) in table:
+                return table[(key(r, keys), knob)]
+        return None
+
+    for col, table, keys in (("eff_vs_single_pct", single, BASELINE_MATCH), ("eff_vs_own_ws1_pct", own, OWN_MATCH)):
+        bases = [base_of(r, table, keys) if r["global_img_s"] else None for r in rows]
+        s[col] = [100.0 * r["global_img_s"] / (r["world_size"] * b) if b else None for r, b in zip(rows, bases)]
     best = {}
     for i, r in enumerate(rows):
-        k = key(r, SECTION + WORKLOAD + ("world_size",))
+        k = key(r, SECTION + WORKLOAD + ("world_size", "precision"))
         if r["global_img_s"] and (k not in best or r["global_img_s"] > rows[best[k]]["global_img_s"]):
             best[k] = i
     s["best_at_world_size"] = [i in best.values() for i in range(len(rows))]
@@ -173,9 +190,13 @@ def fmt(x, unit: str, digits: int = 1) -> str | None:
 
 
 def label(r: dict) -> str:
-    """The backend, with its options where they are switched on: ``horovod (compression=fp16)``."""
-    extra = ", ".join(f"{k}={v}" for k, v in json.loads(r["options"] or "{}").items() if v not in (None, False, "none"))
-    return r["backend"] + (f" ({extra})" if extra else "")
+    """The backend, with its options where they are switched on: ``horovod (compression=fp16)``, and the cuDNN
+    knob where it is off (``dp (cudnn.benchmark off)``)."""
+    options = r["options"] if isinstance(r["options"], dict) else json.loads(r["options"] or "{}")
+    extra = [f"{k}={v}" for k, v in options.items() if v not in (None, False, "none")]
+    if r.get(KNOB) is False:
+        extra.append("cudnn.benchmark off")
+    return r["backend"] + (f" ({', '.join(extra)})" if extra else "")
 
 
 def groups(rows: list[dict], keys: tuple) -> list[tuple[tuple, list[dict]]]:
@@ -187,7 +208,8 @@ def groups(rows: list[dict], keys: tuple) -> list[tuple[tuple, list[dict]]]:
 
 def sort_rows(rows: list[dict]) -> list[dict]:
     rank = lambda b: (ORDER.index(b), "") if b in ORDER else (len(ORDER), str(b))  # noqa: E731
-    return sorted(rows, key=lambda r: (r["world_size"], rank(r["backend"]), str(r["precision"]), r["options"]))
+    return sorted(rows, key=lambda r: (r["world_size"], rank(r["backend"]), str(r["precision"]), r["options"],
+                                       r.get(KNOB) is False))
 
 
 def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list[str]]:
@@ -199,10 +221,12 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
     md = ["# Parallel backend comparison", "",
           f"{n_recs} records from `{src}` ({n_ok} ok, {n_recs - n_ok} skipped or failed) in {len(rows)} "
           f"configurations; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", "",
-          "Throughput is global images per second: the median over every timed window of every ok run of a "
-          "configuration, with its 95% bootstrap interval; per-device = global / world size. "
-          f"{STAR} marks the highest median global throughput at each world size in its table; "
-          "where the intervals overlap, the difference is not established.", ""]
+          "Throughput is global images per second. The run is the statistical unit: a configuration's figure is "
+          "the median of its runs' medians, its 95% interval a hierarchical bootstrap (runs, then windows within a "
+          "run), and *CV* the run-to-run spread. With one run only the spread between its windows is known: the "
+          "interval then says *within-run only* and understates the uncertainty (`bench run --repeat 3`). "
+          f"Per-device = global / world size. {STAR} marks the highest median global throughput at each world "
+          "size and precision in its table; where the intervals overlap, the difference is not established.", ""]
     console = []
     for (device, hw), srows in sorted(groups(rows, SECTION), key=lambda kv: (kv[0][0] != "cuda", kv[0])):
         unit = "GPUs" if device == "cuda" else "CPU workers"
@@ -223,7 +247,8 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                    "world size 1 with the same model, image size, precision, per-device batch, data and hardware "
                    "(backend options not matched). *vs own@1*: the same backend and options at world size 1. "
                    "An empty cell means that baseline is not in these records.", "",
-                   efficiency_table(ok, unit), "", "**3. Memory** (peak per GPU, or per rank on CPU; every ok run)", "",
+                   efficiency_table(ok, unit), "", "**3. Memory** (timed-window peak per GPU, or per rank on CPU, after warm-up; warm-up's own peak "
+                   "in the last column; every ok run)", "",
                    memory_table(ok, device), ""] + notes(ok)
             md += [f"![{kind}](plots/{name})" for kind, name in plots] + [""]
             console += ["", title, thr]
@@ -268,12 +293,17 @@ def env_header(rows: list[dict]) -> list[str]:
 
 
 def throughput_table(ok: list[dict], unit: str) -> str:
+    def interval(r):
+        text = f"{r['ci95_low_img_s']:,.1f} – {r['ci95_high_img_s']:,.1f} img/s"
+        return text + (" (within-run only)" if r["interval"] == WITHIN_RUN else "")
+
     return md_table(
-        ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "per-device throughput"],
+        ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "CV across runs",
+         "per-device throughput"],
         [[f"**{label(r)}** {STAR}" if r["best_at_world_size"] else label(r), r["world_size"], r["precision"],
-          f"{r['runs_ok']} ({len(r['_samples'])})", fmt(r["global_img_s"], "img/s"),
-          f"{r['ci95_low_img_s']:,.1f} – {r['ci95_high_img_s']:,.1f} img/s", fmt(r["per_device_img_s"], "img/s")]
-         for r in ok], {1, 3, 4, 5, 6})
+          f"{r['runs_ok']} ({len(r['_samples'])})", fmt(r["global_img_s"], "img/s"), interval(r),
+          fmt(r["cv_runs_pct"], "%"), fmt(r["per_device_img_s"], "img/s")]
+         for r in ok], {1, 3, 4, 5, 6, 7})
 
 
 def efficiency_table(ok: list[dict], unit: str) -> str:
@@ -293,28 +323,66 @@ def memory_table(ok: list[dict], device: str) -> str:
         for rec in (x for x in r["_recs"] if x["status"] == "ok"):
             if device != "cuda":
                 rss = rec.get("host_peak_rss_bytes") or []
+                warm = max([b for b in rec.get("warmup_host_peak_rss_bytes") or [] if b], default=None)
                 rows.append([label(r), r["world_size"], rec["run_id"], per(list(enumerate(rss))),
-                             fmt(stats.imbalance(rss), "× (max/mean)", 2)])
+                             fmt(stats.imbalance(rss), "× (max/mean)", 2), fmt(warm and warm / GiB, "GiB", 2)])
                 continue
             mem = device_memory(rec)
             res = [m["reserved"] for m in mem if m["reserved"] is not None]
             excess = res[0] - sum(res[1:]) / len(res[1:]) if len(res) > 1 else None
             nvml = max([m["nvml"] for m in mem if m["nvml"]], default=None)
             per_device = [per([(m["index"], m[k]) for m in mem if m[k] is not None]) for k in ("reserved", "allocated")]
+            warm = max([m["warmup_reserved"] for m in mem if m["warmup_reserved"]], default=None)
             rows.append([label(r), r["world_size"], rec["run_id"], *per_device, fmt(nvml and nvml / GiB, "GiB", 2),
                          fmt(stats.imbalance(res), "× (max/mean)", 2),
-                         None if excess is None else f"{excess / GiB:+.2f} GiB"])
+                         None if excess is None else f"{excess / GiB:+.2f} GiB", fmt(warm and warm / GiB, "GiB", 2)])
     if device != "cuda":
-        return md_table(["backend", "CPU workers", "run", "host peak RSS, rank: GiB", "imbalance (RSS)"], rows, {1, 4})
+        return md_table(["backend", "CPU workers", "run", "host peak RSS, rank: GiB", "imbalance (RSS)",
+                         "warm-up peak RSS, max"], rows, {1, 4, 5})
     return md_table(["backend", "GPUs", "run", "peak reserved, device: GiB", "peak allocated, device: GiB",
-                     "NVML used, max", "imbalance (reserved)", "device 0 − mean of the others"], rows, {1, 5, 6, 7})
+                     "NVML used, max", "imbalance (reserved)", "device 0 − mean of the others",
+                     "warm-up peak reserved, max"], rows, {1, 5, 6, 7, 8})
 
 
 def notes(ok: list[dict]) -> list[str]:
     lines = [f"- `{label(r)}` ×{r['world_size']}: {r['note']}" for r in ok if r["note"]]
     lines += [f"- ⚠ `{label(r)}` ×{r['world_size']} run {rec['run_id']}: replicas hold DIFFERENT parameters after "
               "training" for r in ok for rec in r["_recs"] if rec.get("replicas_consistent") is False]
+    for r in ok:
+        for rec in r["_recs"]:
+            hit = [i + 1 for i, n in enumerate(rec.get("skipped_steps") or []) if n]
+            if hit:
+                lines.append(f"- ⚠ `{label(r)}` ×{r['world_size']} run {rec['run_id']}: GradScaler skipped "
+                             f"{sum(rec['skipped_steps'])} optimizer step(s) (fp16 overflow) in window(s) "
+                             f"{', '.join(map(str, hit))}: those windows timed fewer real updates")
+    lines += cudnn_lines(ok)
     return ["Notes:", ""] + lines + [""] if lines else []
+
+
+def cudnn_lines(ok: list[dict]) -> list[str]:
+    """Where a backend ran with cudnn.benchmark on and off at one world size: both figures and what they mean."""
+    out = []
+    for (backend, n, precision), rs in groups(ok, ("backend", "world_size", "precision")):
+        on = [r for r in rs if r[KNOB] is True]
+        off = [r for r in rs if r[KNOB] is False]
+        if not (on and off and on[0]["global_img_s"] and off[0]["global_img_s"]):
+            continue
+        a, b = on[0], off[0]
+        ratio = a["global_img_s"] / b["global_img_s"]
+        overlap = a["ci95_low_img_s"] <= b["ci95_high_img_s"] and b["ci95_low_img_s"] <= a["ci95_high_img_s"]
+        if overlap:
+            verdict = "Here the 95% intervals overlap: no difference is established."
+        elif ratio < 1:
+            verdict = ("Here off is faster: the on figure includes that repeated search, which says more about "
+                       "cuDNN's cache than about DataParallel's design.")
+        else:
+            verdict = "Here on is faster: the search is not repeated at a cost that shows, and the on figure stands."
+        out.append(
+            f"- `{backend}` ×{n} {precision}, cudnn.benchmark on vs off: {on[0]['global_img_s']:,.1f} vs "
+            f"{off[0]['global_img_s']:,.1f} img/s (on/off = {ratio:.2f}). cuDNN keeps its benchmark cache per "
+            "thread, and nn.DataParallel runs each replica in a new thread on every forward, so with the knob on "
+            "its replicas may repeat the algorithm search every step. " + verdict)
+    return out
 
 
 def slug(*parts, hw: str) -> str:

@@ -17,7 +17,7 @@ import uuid
 import warnings
 from pathlib import Path
 
-SCHEMA = 1
+SCHEMA = 2  # 2: peaks are the timed windows' (warm-up peaks separate); repeats; cudnn knob
 STATUSES = ("ok", "skipped", "failed")
 
 # Every record carries these keys (values may be null when a run did not get that far).
@@ -25,7 +25,7 @@ REQUIRED_KEYS = (
     "schema", "run_id", "status", "reason", "backend", "launcher", "world_size", "device_type", "model",
     "image_size", "precision", "batch_per_device", "global_batch", "warmup_steps", "steps_per_window",
     "window_seconds", "throughput", "throughput_ci95", "memory", "memory_imbalance", "data",
-    "replicas_consistent", "env",
+    "replicas_consistent", "cudnn_benchmark", "repeat_index", "repeats", "env",
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +71,9 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
         "workers": cfg.get("workers"),
         "data_wait_seconds": None,
         "options": cfg.get("options", {}),
+        "cudnn_benchmark": cfg.get("cudnn_benchmark"),
+        "repeat_index": cfg.get("repeat_index", 1),
+        "repeats": cfg.get("repeats", 1),
         "replicas_consistent": None,
         "env": env,
     }
@@ -251,7 +254,7 @@ def _cpu_model() -> str | None:
 # both group with this, so "the same configuration" means one thing across the suite.
 
 CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "precision", "batch_per_device", "data",
-               "device_type", "hardware", "options")
+               "device_type", "hardware", "options", "cudnn_benchmark")
 
 
 def hardware(rec: dict) -> str:

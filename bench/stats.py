@@ -1,8 +1,23 @@
-"""Summary statistics of timed windows: median throughput and a 95% interval."""
+"""Every figure the report, the gate and verify share, defined once.
+
+The run is the statistical unit. Windows of one run share that run's conditions (cuDNN's algorithm picks,
+NCCL set-up, clocks, neighbours), so they agree with each other far better than runs do; treating windows as
+independent samples makes intervals too narrow and a gate raise false alarms. A configuration's throughput is
+therefore the median of its runs' medians, its interval a hierarchical bootstrap (runs, then windows within a
+run), and the gate tests run medians. With a single run only the within-run spread is known, and every
+figure built from it says "within-run only".
+"""
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 from scipy import stats
+
+N_RESAMPLES = 2000
+WITHIN_RUN, ACROSS_RUNS = "within-run only", "across runs"
+TESTS = {"welch": "Welch's t-test on log run medians (two-sided)",
+         "mwu": "Mann-Whitney U on run medians (two-sided)"}
 
 
 def window_throughputs(window_seconds: list[float], samples_per_window: int) -> np.ndarray:
@@ -19,7 +34,8 @@ def record_throughputs(rec: dict) -> np.ndarray | None:
 
 
 def median_ci95(values) -> tuple[float, list[float]]:
-    """Median and a 95% percentile-bootstrap interval of the median (fixed seed: reproducible).
+    """Median and a 95% percentile-bootstrap interval of the median (fixed seed: reproducible). This is the
+    within-run interval of one record: it knows nothing of run-to-run spread.
 
     With one value, or identical values, the interval collapses to that value: there is no spread to
     estimate. Few windows give wide intervals, which is the honest answer.
@@ -28,9 +44,73 @@ def median_ci95(values) -> tuple[float, list[float]]:
     med = float(np.median(x))
     if x.size < 2 or np.ptp(x) == 0:
         return med, [med, med]
-    res = stats.bootstrap((x,), np.median, confidence_level=0.95, n_resamples=2000, method="percentile",
+    res = stats.bootstrap((x,), np.median, confidence_level=0.95, n_resamples=N_RESAMPLES, method="percentile",
                           random_state=np.random.default_rng(0))
     return med, [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
+def hierarchical_ci95(runs: list[np.ndarray], n_resamples: int = N_RESAMPLES, seed: int = 0) -> list[float]:
+    """95% percentile interval of the median of run medians, resampling runs, then windows within each
+    chosen run (the two levels of variation a repeated benchmark has)."""
+    rng = np.random.default_rng(seed)
+    r = len(runs)
+    picks = rng.integers(0, r, size=(n_resamples, r))  # which run fills each slot of each resample
+    run_medians = np.empty((n_resamples, r))
+    for i, w in enumerate(runs):  # every slot gets its own resample of windows, whichever run it holds
+        boot = rng.integers(0, w.size, size=(n_resamples, r, w.size))
+        meds = np.median(w[boot], axis=2)
+        run_medians[picks == i] = meds[picks == i]
+    stat = np.median(run_medians, axis=1)
+    return [float(np.percentile(stat, 2.5)), float(np.percentile(stat, 97.5))]
+
+
+def summarise_runs(runs: list[np.ndarray]) -> dict:
+    """One configuration's throughput from its runs (each an array of per-window throughputs):
+
+    - ``median``: the median of the run medians (one run: its median);
+    - ``ci95``: hierarchical bootstrap across runs, or the window bootstrap with one run;
+    - ``interval``: ``ACROSS_RUNS`` or ``WITHIN_RUN``, to be shown next to the interval;
+    - ``cv_runs``: run-to-run coefficient of variation of the run medians (None with one run).
+    """
+    runs = [np.asarray(w, dtype=float) for w in runs if w is not None and len(w)]
+    if not runs:
+        return {"median": None, "ci95": None, "interval": None, "runs": 0, "windows": 0, "cv_runs": None,
+                "run_medians": []}
+    medians = np.array([np.median(w) for w in runs])
+    if len(runs) == 1:
+        med, ci = median_ci95(runs[0])
+        kind = WITHIN_RUN
+    else:
+        med, ci, kind = float(np.median(medians)), hierarchical_ci95(runs), ACROSS_RUNS
+    return {"median": med, "ci95": ci, "interval": kind, "runs": len(runs), "windows": int(sum(w.size for w in runs)),
+            "cv_runs": cv(medians), "run_medians": medians.tolist()}
+
+
+def significance(base_runs, cur_runs, test: str = "welch") -> tuple[float, float]:
+    """(p-value, smallest p-value the test can give for these numbers of runs) for run medians.
+
+    welch: Welch's t-test on the log of run medians (ratios symmetric; reaches any alpha from 2 runs a side).
+    mwu: Mann-Whitney U on run medians (no normality assumed; needs 5 runs a side to reach p < 0.01).
+    """
+    base, cur = np.asarray(base_runs, dtype=float), np.asarray(cur_runs, dtype=float)
+    n, m = base.size, cur.size
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        if test == "mwu":
+            p = stats.mannwhitneyu(cur, base, alternative="two-sided").pvalue
+            # fully separated samples give the smallest p the test (and its method for these sizes) can reach
+            min_p = stats.mannwhitneyu(np.arange(m), np.arange(m, m + n), alternative="two-sided").pvalue
+        elif test == "welch":
+            if n < 2 or m < 2:
+                return 1.0, 1.0
+            lb, lc = np.log(base), np.log(cur)
+            p, min_p = stats.ttest_ind(lc, lb, equal_var=False).pvalue, 0.0
+            if np.ptp(lb) == 0 and np.ptp(lc) == 0:  # no spread: the difference is exact, or there is none
+                p = 1.0 if lb[0] == lc[0] else 0.0
+        else:
+            raise ValueError(f"unknown test {test!r}; choose from {', '.join(TESTS)}")
+    p = 1.0 if not np.isfinite(p) else float(p)
+    return p, float(min_p)
 
 
 def imbalance(values) -> float | None:
@@ -39,3 +119,12 @@ def imbalance(values) -> float | None:
     if x.size == 0 or x.mean() == 0:
         return None
     return float(x.max() / x.mean())
+
+
+def cv(values) -> float | None:
+    """Coefficient of variation (sample standard deviation / mean); None with fewer than two values."""
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    if x.size < 2 or x.mean() == 0:
+        return None
+    return float(np.std(x, ddof=1) / np.mean(x))
+

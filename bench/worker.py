@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import resource
 import sys
@@ -34,7 +35,9 @@ def run(spec: dict) -> None:
     # Each rank gets its share of the cores, whatever the launcher; oversubscribed threads measure contention.
     torch.set_num_threads(spec["threads_per_rank"])
     if cfg.device_type == "cuda":
-        torch.backends.cudnn.benchmark = True  # pick the fastest conv algorithms during warm-up, as Horovod's benchmark does
+        # On (the default, what users run): warm-up picks the fastest conv algorithms, as Horovod's benchmark
+        # does. Off: a labelled variant, because DataParallel's replica threads may redo the search (README).
+        torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
     backend.batches = data.batches_for(cfg, backend)
@@ -46,28 +49,49 @@ def run(spec: dict) -> None:
             if d.type == "cuda":
                 torch.cuda.synchronize(d)
 
+    scale0 = backend.loss_scale()
     backend.train(cfg.warmup)
     sync()
-    window_seconds, data_wait = [], []
+    # Warm-up peaks hold one-time work (cuDNN's search workspaces, DDP's bucket rebuild, lazy init). Keep them
+    # as their own fields, release the allocator's cached blocks, reset the peaks, and run one untimed settle
+    # step that re-reserves what a steady step needs, so the windows neither pay for re-reserving nor see
+    # warm-up's peaks.
+    warmup_memory, warmup_rss = memory_stats(backend), host_peak_rss()
+    reset_peaks(backend)
+    backend.train(SETTLE_STEPS)
+    sync()
+    scale_after_warmup = backend.loss_scale()
+    window_seconds, data_wait, skipped_steps = [], [], []
     for _ in range(cfg.windows):
         backend.barrier()  # start every window together; the barrier itself is not timed
         sync()
+        before = backend.loss_scale()  # a host read, outside the timed region
         w0 = backend.batches.wait_seconds if waited else 0.0
         t0 = time.perf_counter()
         backend.train(cfg.steps)
         sync()
         window_seconds.append(time.perf_counter() - t0)
         data_wait.append(backend.batches.wait_seconds - w0 if waited else 0.0)
+        skipped_steps.append(skips(before, backend.loss_scale()))
 
     fault.after_training(backend)
+    memory = memory_stats(backend)
+    for m, w in zip(memory, warmup_memory):
+        m["warmup_peak_allocated_bytes"] = w["peak_allocated_bytes"]
+        m["warmup_peak_reserved_bytes"] = w["peak_reserved_bytes"]
     mine = {
         "rank": backend.rank,
         "window_seconds": window_seconds,
         "data_wait_seconds": data_wait if waited else None,
         "corrupt_images_skipped": backend.batches.skipped if waited else None,
-        "memory": memory_stats(backend),
+        "memory": memory,
         "param_sha256": param_checksum(backend.module),
-        "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "host_peak_rss_bytes": host_peak_rss(),
+        "warmup_host_peak_rss_bytes": warmup_rss,
+        "skipped_steps": skipped_steps if scale0 is not None else None,
+        "warmup_skipped_steps": skips(scale0, scale_after_warmup) if scale0 is not None else None,
+        "backend_info": backend.describe(),
+        "loader_workers": getattr(backend, "loader_workers", None),
     }
     gathered = backend.all_gather(mine)
     if backend.rank == 0:
@@ -75,6 +99,18 @@ def run(spec: dict) -> None:
         results.save(record, spec["results_dir"])
     backend.barrier()  # nobody tears the process group down while rank 0 still needs it
     backend.teardown()
+
+
+SETTLE_STEPS = 1  # untimed steps between the peak reset and the first window
+
+
+def skips(scale_before: float | None, scale_after: float | None) -> int | None:
+    """Optimizer steps GradScaler skipped between two reads of its scale. Each skip halves the scale (backoff
+    0.5); a growth doubles it, once per 2000 clean steps (growth_interval), so a growth inside the same
+    window could hide one skip."""
+    if scale_before is None or scale_after is None:
+        return None
+    return max(0, round(math.log2(scale_before / scale_after)))
 
 
 def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
@@ -86,6 +122,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
     waits = [r["data_wait_seconds"] for r in per_rank]
     memory = sorted((m for r in per_rank for m in r["memory"]), key=lambda m: m["device_index"])
     checksums = {r["param_sha256"] for r in per_rank}
+    skipped = [r.get("skipped_steps") for r in per_rank]
     record.update(
         status="ok",
         window_seconds=windows,
@@ -98,16 +135,23 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         data_wait_seconds=[max(w) for w in zip(*waits)] if waits[0] is not None else None,
         corrupt_images_skipped=sum(r["corrupt_images_skipped"] for r in per_rank) if waits[0] is not None else None,
         host_peak_rss_bytes=[r["host_peak_rss_bytes"] for r in per_rank],
+        warmup_host_peak_rss_bytes=[r.get("warmup_host_peak_rss_bytes") for r in per_rank],
+        # ranks agree (GradScaler sees the all-reduced gradients); the max is the safe side if one did not
+        skipped_steps=[max(s) for s in zip(*skipped)] if skipped[0] is not None else None,
+        warmup_skipped_steps=max(r.get("warmup_skipped_steps") or 0 for r in per_rank)
+        if skipped[0] is not None else None,
+        settle_steps=SETTLE_STEPS,
+        backend_info=per_rank[0].get("backend_info"),
+        loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
         threads_per_rank=spec["threads_per_rank"],
-        cudnn_benchmark=torch.backends.cudnn.benchmark if cfg.device_type == "cuda" else None,
         finished_at=results.utc_now(),
     )
     return record
 
 
 def memory_stats(backend) -> list[dict]:
-    """Peak allocated/reserved from the caching allocator for each CUDA device this rank drives, and NVML's
-    used memory on that GPU (all processes, read after the timed windows). Empty on CPU."""
+    """Peak allocated/reserved since the last reset from the caching allocator for each CUDA device this rank
+    drives, and NVML's used memory on that GPU (all processes, read now). Empty on CPU."""
     out = []
     for d in backend.devices():
         if d.type != "cuda":
@@ -125,6 +169,33 @@ def memory_stats(backend) -> list[dict]:
             "nvml_used_bytes": nvml_used,
         })
     return out
+
+
+def reset_peaks(backend) -> None:
+    """Start the timed-window peaks afresh: the CUDA allocator's cached blocks go back to the driver (else
+    peak reserved would keep warm-up's workspaces) and its peak counters restart; on the host, the kernel's
+    peak-RSS mark (VmHWM) restarts at the current RSS."""
+    for d in backend.devices():
+        if d.type == "cuda":
+            with torch.cuda.device(d):
+                torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(d)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux >= 4.0: reset the peak resident set size to the current one
+    except OSError:
+        pass  # not Linux, or not allowed: the host peak then includes warm-up (host RSS is never gated)
+
+
+def host_peak_rss() -> int:
+    """Peak resident set size of this process in bytes since start or the last reset_peaks()."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def param_checksum(module: torch.nn.Module) -> str:

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # The smallest run that still exercises everything: resnet18 (has BatchNorm) at 32 px.
 TINY = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2",
-        "--warmup", "1", "--steps", "2", "--windows", "3"]
+        "--warmup", "2", "--steps", "2", "--windows", "3"]
 
 
 def bench(*args, env=None, timeout=600, check=False):

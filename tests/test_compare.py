@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from bench import cli, compare, results
+from bench import baseline, cli, results
 from tests.conftest import REPO, bench
 
 A100, H100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
@@ -19,9 +19,16 @@ GiB = 2 ** 30
 BASE_SECONDS = 0.5  # per window: 64 x 2 ranks x 10 steps / 0.5 s = 2560 img/s
 
 
-def windows(seed, n=10, scale=1.0, sigma=0.005):
+def windows(seed, n=5, scale=1.0, sigma=0.005):
     """Window times, lognormal around BASE_SECONDS * scale: sigma 0.005 is tight, 0.5 is huge variance."""
     return list(BASE_SECONDS * scale * np.random.default_rng(seed).lognormal(0.0, sigma, n))
+
+
+def runs(seed, k=3, scale=1.0, run_sigma=0.005, sigma=0.005, n=5, **over):
+    """k records of one configuration: each run's level is lognormal(run_sigma) around ``scale``, its windows
+    lognormal(sigma) around that level, as repeated runs on a real machine behave."""
+    levels = np.random.default_rng(seed).lognormal(0.0, run_sigma, k)
+    return [record(windows(seed * 100 + i, n=n, scale=scale * lv, sigma=sigma), **over) for i, lv in enumerate(levels)]
 
 
 def record(window_seconds, backend="ddp", world_size=2, device_type="cuda", gpu=A100, mem_gib=10.0,
@@ -42,6 +49,7 @@ def record(window_seconds, backend="ddp", world_size=2, device_type="cuda", gpu=
         "throughput": None, "throughput_ci95": None, "memory": memory, "memory_imbalance": 1.0, "data": "synthetic",
         "options": {}, "replicas_consistent": True, "env": env,
         "host_peak_rss_bytes": [int(host_rss_gib * GiB)] * world_size,
+        "cudnn_benchmark": True if device_type == "cuda" else None, "repeat_index": 1, "repeats": 1,
     }
     rec.update(over)
     return rec
@@ -75,41 +83,42 @@ def only_row(data):
 # Throughput verdicts
 
 def test_identical_pair_passes(tmp_path, capsys):
-    w = windows(1)
-    b, c = pair(tmp_path, [record(w)], [record(w)])
+    side = runs(1)
+    b, c = pair(tmp_path, side, [dict(r, run_id=r["run_id"] + "-again") for r in side])
     code, data, _, err = gate(capsys, b, c, "--format", "json")
     row = only_row(data)
     assert code == 0 and err == ""
     assert row["verdict"] == "no significant change" and row["regression"] is False
     assert row["ratio"] == pytest.approx(1.0) and row["p_value"] == pytest.approx(1.0)
-    assert data["test"] == "mwu" and data["regressed"] is False
+    assert data["test"] == "welch" and data["regressed"] is False
 
 
-def test_twenty_percent_slowdown_with_tight_windows_fails(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1))], [record(windows(2, scale=1.25))])  # 1/1.25 = 0.8x throughput
+def test_twenty_percent_slowdown_across_runs_fails(tmp_path, capsys):
+    b, c = pair(tmp_path, runs(1), runs(2, scale=1.25))  # 1/1.25 = 0.8x throughput
     code, data, out, _ = gate(capsys, b, c, "--format", "json")
     row = only_row(data)
     assert code == 1
     assert row["verdict"] == "slower" and row["regression"] is True
-    assert row["ratio"] == pytest.approx(0.8, rel=0.01)
-    assert row["p_value"] < 0.001  # 10 vs 10 fully separated windows
+    assert row["ratio"] == pytest.approx(0.8, rel=0.02)
+    assert row["p_value"] < 0.001  # 3 vs 3 run medians, 0.5% run-to-run spread
+    assert (row["baseline"]["runs"], row["baseline"]["windows"], len(row["current"]["run_medians"])) == (3, 15, 3)
     assert data["regressions"] == [row["config"]]
 
 
 def test_slowdown_table_in_markdown(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1))], [record(windows(2, scale=1.25))])
+    b, c = pair(tmp_path, runs(1), runs(2, scale=1.25))
     code, _, out, _ = gate(capsys, b, c)
     assert code == 1
     header = next(line for line in out.splitlines() if line.startswith("| config"))
     assert [h.strip() for h in header.strip("|").split("|")] == [
         "config", "baseline img/s", "current img/s", "ratio", "p-value", "peak memory (GiB)", "verdict", "notes"]
     row = next(line for line in out.splitlines() if line.startswith("| ddp x2"))
-    assert "**slower**" in row and "| 0.80" in row and "(n=10)" in row
-    assert "Mann-Whitney U" in out and "**REGRESSION**" in out
+    assert "**slower**" in row and "| 0.80" in row and "(3 runs, 15 windows, CV " in row
+    assert "Welch's t-test on log run medians" in out and "The run is the unit" in out and "**REGRESSION**" in out
 
 
 def test_three_percent_under_five_percent_threshold_passes(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1))], [record(windows(2, scale=1.03))])
+    b, c = pair(tmp_path, runs(1), runs(2, scale=1.03))
     code, data, _, _ = gate(capsys, b, c, "--threshold", "0.05", "--format", "json")
     row = only_row(data)
     assert code == 0
@@ -118,67 +127,76 @@ def test_three_percent_under_five_percent_threshold_passes(tmp_path, capsys):
     assert "within the 5% threshold" in row["notes"][0]
 
 
-def test_twenty_percent_in_huge_variance_is_not_significant(tmp_path, capsys):
-    # sigma 0.5: windows spread over about 0.6x-1.6x of their median, 10 a side; these seeds' medians differ by 21%
-    b, c = pair(tmp_path, [record(windows(9, sigma=0.5))], [record(windows(10, scale=1.25, sigma=0.5))])
+def test_twenty_percent_in_huge_run_to_run_variance_is_not_significant(tmp_path, capsys):
+    # 30% run-to-run spread, 3 runs a side: these seeds' medians differ by about 20%, and nothing is established
+    b, c = pair(tmp_path, runs(9, run_sigma=0.3), runs(10, scale=1.25, run_sigma=0.3))
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     row = only_row(data)
     assert code == 0
-    assert row["verdict"] == "no significant change" and row["p_value"] > 0.1
-    assert row["ratio"] == pytest.approx(0.79, abs=0.01)  # beyond the threshold: significance is what's missing
+    assert row["verdict"] == "no significant change" and row["p_value"] > 0.05
+    assert abs(row["ratio"] - 1) > 0.05  # beyond the threshold: significance is what's missing
+
+
+def test_tight_windows_do_not_make_run_to_run_drift_significant(tmp_path, capsys):
+    """Windows inside a run agree within 0.2%, runs differ by about 4%: the medians of these seeds' sides differ
+    by about 6%. Pooled windows as samples (the old gate) call that a significant slowdown; across runs it
+    is not established, so the gate passes."""
+    from scipy import stats
+
+    base, cur = runs(2, run_sigma=0.04, sigma=0.002), runs(20, run_sigma=0.04, sigma=0.002)
+    b, c = pair(tmp_path, base, cur)
+    code, data, _, _ = gate(capsys, b, c, "--format", "json")
+    row = only_row(data)
+    assert abs(row["ratio"] - 1) > 0.05
+    pooled = [[64 * 2 * 10 / t for r in side for t in r["window_seconds"]] for side in (base, cur)]
+    assert stats.mannwhitneyu(pooled[1], pooled[0]).pvalue < 0.01  # what a window-level test would conclude
+    assert code == 0 and row["verdict"] == "no significant change" and row["p_value"] > 0.01
 
 
 def test_faster_is_reported_and_passes(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1))], [record(windows(2, scale=0.8))])
+    b, c = pair(tmp_path, runs(1), runs(2, scale=0.8))
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     assert code == 0 and only_row(data)["verdict"] == "faster"
 
 
-def test_five_windows_a_side_reach_default_alpha(tmp_path, capsys):
-    # Exact two-sided Mann-Whitney U, 5 vs 5: smallest p = 2 / C(10, 5) = 0.0079 < 0.01.
-    b, c = pair(tmp_path, [record(windows(1, n=5))], [record(windows(2, n=5, scale=1.25))])
-    code, data, _, _ = gate(capsys, b, c, "--format", "json")
-    row = only_row(data)
-    assert code == 1 and row["verdict"] == "slower"
-    assert row["p_value"] == pytest.approx(2 / 252)
-
-
-def test_too_few_windows_is_said_not_silently_passed(tmp_path, capsys):
-    # 3 vs 3 windows: Mann-Whitney U cannot go below p = 0.1, so alpha 0.01 is unreachable.
-    b, c = pair(tmp_path, [record(windows(1, n=3))], [record(windows(2, n=3, scale=1.25))])
+def test_one_run_a_side_is_said_not_silently_passed(tmp_path, capsys):
+    # One run a side: the run-to-run spread is unknown, so no test can say anything; the gate says so.
+    b, c = pair(tmp_path, runs(1, k=1), runs(2, k=1, scale=1.25))
     code, data, _, err = gate(capsys, b, c, "--format", "json")
     row = only_row(data)
     assert code == 0
     assert row["verdict"] == "no significant change" and row["underpowered"] is True
-    assert row["min_p_value"] == pytest.approx(0.1)
-    assert "too few windows for significance at alpha 0.01" in row["notes"][0]
-    assert "too few windows for significance at alpha 0.01" in err and "NOT gated" in err
+    assert row["min_p_value"] == pytest.approx(1.0)
+    assert "too few runs for significance at alpha 0.01 (1 vs 1 runs" in row["notes"][0]
+    assert "too few runs for significance at alpha 0.01" in err and "NOT gated" in err
 
 
-def test_welch_reaches_alpha_with_three_windows(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1, n=3))], [record(windows(2, n=3, scale=1.25))])
-    code, data, _, _ = gate(capsys, b, c, "--test", "welch", "--format", "json")
+def test_mann_whitney_on_run_medians_needs_five_runs_a_side(tmp_path, capsys):
+    # Exact two-sided Mann-Whitney U: 3 vs 3 cannot go below p = 0.1; 5 vs 5 reaches 2 / C(10, 5) = 0.0079.
+    b, c = pair(tmp_path, runs(1), runs(2, scale=1.25))
+    code, data, _, _ = gate(capsys, b, c, "--test", "mwu", "--format", "json")
     row = only_row(data)
-    assert code == 1 and row["verdict"] == "slower" and row["p_value"] < 0.01
-    assert data["test_name"] == "Welch's t-test (two-sided)"
+    assert code == 0 and row["underpowered"] is True and row["min_p_value"] == pytest.approx(0.1)
+    b, c = pair(tmp_path / "5", runs(1, k=5), runs(2, k=5, scale=1.25))
+    code, data, _, _ = gate(capsys, b, c, "--test", "mwu", "--format", "json")
+    row = only_row(data)
+    assert code == 1 and row["verdict"] == "slower" and row["p_value"] == pytest.approx(2 / 252)
+    assert data["test_name"] == "Mann-Whitney U on run medians (two-sided)"
 
 
-def test_runs_of_one_configuration_are_pooled(tmp_path, capsys):
-    # 3 + 3 windows per side: too few in any one run, enough once pooled (6 vs 6: smallest p 0.0022).
-    b, c = pair(tmp_path, [record(windows(1, n=3)), record(windows(2, n=3))],
-                [record(windows(3, n=3, scale=1.25)), record(windows(4, n=3, scale=1.25))])
+def test_a_failed_repeat_beside_ok_ones_fails_the_gate(tmp_path, capsys):
+    b, c = pair(tmp_path, runs(1), runs(2)[:2] + [record([], status="failed", reason="rank 1 exited with code 13")])
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     row = only_row(data)
-    assert code == 1 and row["verdict"] == "slower"
-    assert (row["baseline"]["runs"], row["baseline"]["windows"], row["current"]["windows"]) == (2, 6, 6)
+    assert code == 1 and row["verdict"] == "failed" and row["regression"] is True
+    assert "1 of 3 current runs failed: rank 1 exited with code 13" in row["notes"]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Memory
 
 def test_memory_growth_is_flagged(tmp_path, capsys):
-    w = windows(1)
-    b, c = pair(tmp_path, [record(w, mem_gib=10.0)], [record(w, mem_gib=12.0)])
+    b, c = pair(tmp_path, runs(1, mem_gib=10.0), runs(1, mem_gib=12.0))
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     row = only_row(data)
     assert code == 1
@@ -188,22 +206,20 @@ def test_memory_growth_is_flagged(tmp_path, capsys):
 
 
 def test_memory_growth_inside_threshold_passes(tmp_path, capsys):
-    w = windows(1)
-    b, c = pair(tmp_path, [record(w, mem_gib=10.0)], [record(w, mem_gib=10.3)])
+    b, c = pair(tmp_path, runs(1, mem_gib=10.0), runs(1, mem_gib=10.3))
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     assert code == 0 and only_row(data)["verdict"] == "no significant change"
 
 
 def test_slower_and_more_memory_together(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1), mem_gib=10.0)], [record(windows(2, scale=1.25), mem_gib=12.0)])
+    b, c = pair(tmp_path, runs(1, mem_gib=10.0), runs(2, scale=1.25, mem_gib=12.0))
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     assert code == 1 and only_row(data)["verdict"] == "slower, more memory"
 
 
 def test_host_rss_is_reported_not_gated_unless_asked(tmp_path, capsys):
-    w = windows(1)
     cpu = dict(device_type="cpu", world_size=1, backend="single")
-    b, c = pair(tmp_path, [record(w, host_rss_gib=2.0, **cpu)], [record(w, host_rss_gib=3.0, **cpu)])
+    b, c = pair(tmp_path, runs(1, host_rss_gib=2.0, **cpu), runs(1, host_rss_gib=3.0, **cpu))
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     row = only_row(data)
     assert code == 0 and row["verdict"] == "no significant change"
@@ -234,7 +250,7 @@ def test_device_type_mismatch_is_refused(tmp_path, capsys):
 
 
 def test_different_hardware_compares_when_allowed(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1), gpu=A100)], [record(windows(2, scale=0.5), gpu=H100)])
+    b, c = pair(tmp_path, runs(1, gpu=A100), runs(2, scale=0.5, gpu=H100))
     code, data, _, err = gate(capsys, b, c, "--allow-different-hardware", "--format", "json")
     row = only_row(data)
     assert code == 0 and row["verdict"] == "faster" and row["status"] == "compared"
@@ -242,8 +258,7 @@ def test_different_hardware_compares_when_allowed(tmp_path, capsys):
 
 
 def test_version_differences_warn_but_compare(tmp_path, capsys):
-    w = windows(1)
-    b, c = pair(tmp_path, [record(w, torch="2.4.0", driver="550.54.15")], [record(w, torch="2.5.1", driver="560.28.03")])
+    b, c = pair(tmp_path, runs(1, torch="2.4.0", driver="550.54.15"), runs(1, torch="2.5.1", driver="560.28.03"))
     code, data, out, err = gate(capsys, b, c)
     assert code == 0
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
@@ -288,7 +303,7 @@ def test_skipped_current_run_is_missing_without_failing(tmp_path, capsys):
 
 
 def test_diverged_replicas_fail_the_gate_even_when_faster(tmp_path, capsys):
-    b, c = pair(tmp_path, [record(windows(1))], [record(windows(2, scale=0.7), replicas_consistent=False)])
+    b, c = pair(tmp_path, runs(1), runs(2, scale=0.7, replicas_consistent=False))
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
     [row] = data["rows"]
     assert code == 1 and row["verdict"] == "faster, replicas differ" and row["regression"] is True
@@ -329,7 +344,7 @@ def test_missing_path_and_empty_dir(tmp_path, capsys):
     assert code == 2 and err == f"bench: error: current '{tmp_path / 'nope'}' does not exist\n"
     (tmp_path / "empty").mkdir()
     code, _, _, err = gate(capsys, tmp_path / "empty", b)
-    assert code == 2 and err.startswith("bench: error: baseline") and "holds no readable schema-1 records" in err
+    assert code == 2 and err.startswith("bench: error: baseline") and "holds no readable schema-2 records" in err
 
 
 def test_only_failed_records_is_bad_input(tmp_path, capsys):
@@ -411,17 +426,17 @@ def test_baseline_name_from_records(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["baseline", "name", "--from", str(raw)])
     assert e.value.code == 0 and capsys.readouterr().out == "NVIDIA-H100-80GB-HBM3\n"
-    assert compare.slug("CPU: Intel(R) Xeon(R) Processor @ 2.80GHz") == "CPU-Intel-R-Xeon-R-Processor-2.80GHz"
+    assert baseline.slug("CPU: Intel(R) Xeon(R) Processor @ 2.80GHz") == "CPU-Intel-R-Xeon-R-Processor-2.80GHz"
 
 
 # ---------------------------------------------------------------------------------------------------
 # End to end: two real CPU runs of one configuration pass the gate.
 
 RUN = ["--backends", "single", "--gpus", "1", "--device", "cpu", "--model", "resnet18", "--image-size", "32",
-       "--batch-size", "4", "--warmup", "1", "--steps", "2", "--windows", "5"]
+       "--batch-size", "4", "--warmup", "2", "--steps", "2", "--windows", "3", "--repeat", "2"]
 
 
-def test_two_real_cpu_runs_of_one_config_pass_the_gate(tmp_path):
+def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path):
     # The two runs execute at the same time, so whatever else loads this (shared, 2-core) machine slows both
     # alike; run one after the other, a neighbour starting between them can shift every window of the second.
     # --threshold 0.5: the statistics are pinned down by the synthetic tests above; this test checks that real
@@ -440,7 +455,7 @@ def test_two_real_cpu_runs_of_one_config_pass_the_gate(tmp_path):
         row = only_row(data)
         assert row["status"] == "compared" and row["config"] == "single x1 resnet18 32px b4/dev fp32"
         assert row["verdict"] in ("no significant change", "faster")  # exit 0 already excludes slower
-        assert (row["baseline"]["windows"], row["current"]["windows"]) == (5, 5)
+        assert (row["baseline"]["runs"], row["current"]["runs"], row["current"]["windows"]) == (2, 2, 6)
         assert row["memory_kind"] == "host RSS"  # CPU: reported, not gated
         assert data["hardware"]["baseline"] == data["hardware"]["current"]
         assert data["hardware"]["current"][0][0] == "cpu"

@@ -93,16 +93,6 @@ def test_interrupt_keeps_finished_records_and_kills_the_current_run(results_dir,
     assert not _leftovers(results_dir)
 
 
-def test_resume_runs_only_the_missing_configurations(results_dir):
-    first = bench("run", "--backends", "single,ddp", "--gpus", 1, *TINY, "--results", results_dir)
-    assert first.returncode == 0, first.stderr
-    again = bench("run", "--backends", "single,ddp", "--gpus", "1,2", *TINY, "--results", results_dir, "--resume")
-    assert again.returncode == 0, again.stderr
-    assert "resume: 2 of 3 configurations already have an ok record" in again.stderr
-    assert "[1/1] ddp x2" in again.stdout
-    assert sorted((r["backend"], r["world_size"]) for r in records(results_dir)) == [("ddp", 1), ("ddp", 2), ("single", 1)]
-
-
 def test_a_port_in_use_is_retried(results_dir):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -1,33 +1,133 @@
-"""CUDA paths (NCCL, several GPUs, NVML memory). Skipped without enough GPUs; run them on GPU runners."""
+"""CUDA paths: NCCL, fp16 GradScaler, SyncBatchNorm, NVML memory, peaks after warm-up, the cuDNN knob, and
+DataParallel's precision and memory on two GPUs. Marked ``gpu``; each skips without the GPUs it needs.
+
+The GPU machines lent to this project have one GPU, so every backend is checked at world size 1 there; the
+2-GPU tests run on multi-GPU runners (``make test ARGS="-m gpu"``).
+"""
 import pytest
 import torch
 
 from backends import horovod as hvd_backend
+from bench.faults import BLOAT_BYTES
 from tests.conftest import bench, records
 
 GPU_RUN = ["--device", "cuda", "--model", "resnet18", "--image-size", "64", "--batch-size", "16",
            "--warmup", "3", "--steps", "3", "--windows", "3"]
+one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 pytestmark = pytest.mark.gpu
+NCCL_BACKENDS = ("ddp", "ddp_spawn", "ddp_amp_syncbn")
 
 
-@two_gpus
-def test_dataparallel_on_two_gpus_shows_gpu0_load(results_dir):
-    proc = bench("run", "--backends", "dp", "--gpus", 2, *GPU_RUN, "--results", results_dir)
+@pytest.fixture(scope="module")
+def one_gpu_sweep(tmp_path_factory):
+    """Every torch backend at world size 1 on CUDA in one sweep (ddp_amp_syncbn at its fp16 default, so the
+    plan adds an fp16 single), with 256 MiB held through the last warm-up step on every run."""
+    raw = tmp_path_factory.mktemp("gpu1") / "raw"
+    proc = bench("run", "--backends", "single,dp,ddp,ddp_spawn,ddp_amp_syncbn", "--gpus", 1, *GPU_RUN,
+                 "--results", raw, env={"BENCH_FAULT": "bloat@rank0:step3"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {(r["backend"], r["precision"]): r for r in records(raw)}
+
+
+@one_gpu
+def test_every_backend_runs_on_one_gpu(one_gpu_sweep):
+    assert set(one_gpu_sweep) == {("single", "fp32"), ("single", "fp16"), ("dp", "fp32"), ("ddp", "fp32"),
+                                  ("ddp_spawn", "fp32"), ("ddp_amp_syncbn", "fp16")}
+    for (backend, _), rec in one_gpu_sweep.items():
+        assert rec["status"] == "ok", (backend, rec["reason"])
+        assert rec["device_type"] == "cuda" and rec["cudnn_benchmark"] is True
+        assert rec["backend_info"]["process_group"] == ("nccl" if backend in NCCL_BACKENDS else None)
+
+
+@one_gpu
+def test_memory_is_read_from_the_allocator_and_nvml_after_warmup(one_gpu_sweep):
+    for (backend, _), rec in one_gpu_sweep.items():
+        [mem] = rec["memory"]
+        assert mem["device_index"] == 0 and mem["device_name"] == torch.cuda.get_device_name(0)
+        assert mem["peak_reserved_bytes"] >= mem["peak_allocated_bytes"] > 0
+        # NVML really read: the whole GPU's used memory holds at least this process's reservation
+        assert mem["nvml_used_bytes"] is not None and mem["nvml_used_bytes"] >= mem["peak_reserved_bytes"]
+        # the 256 MiB block held through the last warm-up step is in the warm-up peak and not in the timed one
+        # (allocated: exactly on top of a steady step; reserved: less the allocator's rounding of segments)
+        assert mem["warmup_peak_allocated_bytes"] - mem["peak_allocated_bytes"] > 0.9 * BLOAT_BYTES, backend
+        assert mem["warmup_peak_reserved_bytes"] - mem["peak_reserved_bytes"] > 0.5 * BLOAT_BYTES, backend
+
+
+@one_gpu
+def test_fp16_gradscaler_and_syncbatchnorm_on_one_gpu(one_gpu_sweep):
+    rec = one_gpu_sweep[("ddp_amp_syncbn", "fp16")]
+    info = rec["backend_info"]
+    assert info["sync_batchnorm_layers"] == 20  # resnet18's BatchNorm2d layers, converted
+    assert info["grad_scaler"] is True and info["autocast_dtype"] == "float16"
+    assert len(rec["skipped_steps"]) == 3 and all(isinstance(n, int) and n >= 0 for n in rec["skipped_steps"])
+    assert isinstance(rec["warmup_skipped_steps"], int)
+    single16 = one_gpu_sweep[("single", "fp16")]["backend_info"]
+    assert single16["grad_scaler"] is True and single16["sync_batchnorm_layers"] == 0
+
+
+@one_gpu
+def test_cudnn_benchmark_off_is_applied_and_recorded(results_dir):
+    proc = bench("run", "--backends", "single", "--gpus", 1, *GPU_RUN, "--cudnn-benchmark", "off",
+                 "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
-    assert rec["status"] == "ok" and rec["global_batch"] == 32
-    mem = rec["memory"]
-    assert [m["device_index"] for m in mem] == [0, 1] and {m["rank"] for m in mem} == {0}
-    assert all(m["peak_reserved_bytes"] >= m["peak_allocated_bytes"] > 0 for m in mem)
-    assert all(m["nvml_used_bytes"] is None or m["nvml_used_bytes"] >= m["peak_reserved_bytes"] for m in mem)
-    # outputs are gathered and gradients reduced on GPU 0
-    assert mem[0]["peak_allocated_bytes"] > mem[1]["peak_allocated_bytes"]
-    assert rec["memory_imbalance"] > 1.0
+    assert rec["status"] == "ok" and rec["cudnn_benchmark"] is False
+
+
+@one_gpu
+def test_horovod_on_one_gpu(results_dir):
+    reason = hvd_backend.problem()
+    if reason:
+        pytest.skip(reason)
+    proc = bench("run", "--backends", "horovod", "--gpus", 1, *GPU_RUN, "--precision", "fp16", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["backend_info"]["grad_scaler"] is True and len(rec["skipped_steps"]) == 3
+
+
+# ---------------------------------------------------------------------------------------------------
+# Two GPUs
+
+@two_gpus
+@pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_dataparallel_replicas_run_the_recorded_dtype(precision, dtype):
+    """parallel_apply re-enters autocast without a dtype in each replica thread; the wrapper must win."""
+    import backends
+    from bench.config import RunConfig
+
+    cfg = RunConfig(backend="dp", launcher="inproc", world_size=2, device_type="cuda", model="resnet18",
+                    image_size=64, batch_size=4, warmup=2, steps=1, windows=1, precision=precision).validate()
+    dp = backends.create("dp")
+    dp.setup(cfg)
+    seen = []
+    dp.module.fc.register_forward_hook(lambda m, i, o: seen.append((o.device.index, o.dtype)))
+    with torch.autocast("cuda", dtype=dtype):
+        out = dp.model(torch.randn(8, 3, 64, 64, device="cuda:0"))
+    assert out.dtype == dtype
+    assert sorted(seen) == [(0, dtype), (1, dtype)]  # each replica, in its own thread
 
 
 @two_gpus
-@pytest.mark.parametrize("backend", ["ddp", "ddp_spawn", "ddp_amp_syncbn"])
+def test_dataparallel_on_two_gpus_shows_gpu0_load_and_runs_both_cudnn_settings(results_dir):
+    proc = bench("run", "--backends", "dp", "--gpus", 2, *GPU_RUN, "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {r["cudnn_benchmark"]: r for r in records(results_dir)}
+    assert set(recs) == {True, False}  # the plan adds the labelled cudnn.benchmark-off variant at N >= 2
+    for rec in recs.values():
+        assert rec["status"] == "ok" and rec["global_batch"] == 32
+        mem = rec["memory"]
+        assert [m["device_index"] for m in mem] == [0, 1] and {m["rank"] for m in mem} == {0}
+        assert all(m["peak_reserved_bytes"] >= m["peak_allocated_bytes"] > 0 for m in mem)
+        assert all(m["nvml_used_bytes"] >= m["peak_reserved_bytes"] for m in mem)
+        # outputs are gathered and gradients reduced on GPU 0
+        assert mem[0]["peak_allocated_bytes"] > mem[1]["peak_allocated_bytes"]
+        assert rec["memory_imbalance"] > 1.0
+
+
+@two_gpus
+@pytest.mark.parametrize("backend", NCCL_BACKENDS)
 def test_nccl_backends_on_two_gpus_keep_identical_replicas(results_dir, backend):
     proc = bench("run", "--backends", backend, "--gpus", 2, *GPU_RUN, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -35,6 +135,7 @@ def test_nccl_backends_on_two_gpus_keep_identical_replicas(results_dir, backend)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True
     assert [(m["rank"], m["device_index"]) for m in rec["memory"]] == [(0, 0), (1, 1)]
     assert rec["cudnn_benchmark"] is True and rec["env"]["nccl"]
+    assert rec["backend_info"]["process_group"] == "nccl"
 
 
 @two_gpus

@@ -22,7 +22,16 @@ def _assert_ok_record(rec, backend, launcher, world_size):
     assert set(results.REQUIRED_KEYS) <= set(rec)
     assert len(rec["window_seconds"]) == 3 and all(t > 0 for t in rec["window_seconds"])
     assert rec["batch_per_device"] == 2 and rec["global_batch"] == 2 * world_size
-    assert (rec["warmup_steps"], rec["steps_per_window"], rec["model"], rec["image_size"]) == (1, 2, "resnet18", 32)
+    assert (rec["warmup_steps"], rec["steps_per_window"], rec["model"], rec["image_size"]) == (2, 2, "resnet18", 32)
+    assert rec["settle_steps"] == 1 and rec["cudnn_benchmark"] is None  # CPU: no cuDNN to switch
+    assert (rec["repeat_index"], rec["repeats"]) == (1, 1)
+    # host peaks are the timed windows' (after a reset), the warm-up's are kept beside them
+    assert len(rec["warmup_host_peak_rss_bytes"]) == world_size
+    assert all(0 < b for b in rec["host_peak_rss_bytes"] + rec["warmup_host_peak_rss_bytes"])
+    assert rec["skipped_steps"] is None and rec["warmup_skipped_steps"] is None  # no GradScaler in fp32
+    info = rec["backend_info"]
+    assert info["process_group"] == ("gloo" if launcher in ("torchrun", "spawn") else None)
+    assert (info["autocast_dtype"], info["grad_scaler"], info["sync_batchnorm_layers"]) == (None, False, 0)
     assert rec["precision"] == "fp32" and rec["data"] == "synthetic"
     # throughput is global samples per second, the median over windows, inside its own interval
     per_window = sorted(rec["global_batch"] * 2 / t for t in rec["window_seconds"])
@@ -106,7 +115,7 @@ def test_load_skips_bad_files_with_one_warning_each(tmp_path):
     assert results.load(tmp_path, warn=warnings.append) == []
     assert len(warnings) == 2
     assert "half.json: not a readable JSON record" in warnings[0]
-    assert "old.json: schema 0, this version reads schema 1" in warnings[1]
+    assert "old.json: schema 0, this version reads schema 2" in warnings[1]
 
 
 def test_window_is_the_slowest_rank_and_throughput_the_median():
@@ -149,6 +158,12 @@ def test_world_sizes_sweep_powers_of_two_and_the_top():
     (["--backends", "single", "--gpus", "2"], "bench: error: nothing to run: single runs on 1 device only"),
     (["--batch-size", "big"], "bench: error: argument --batch-size: invalid int value: 'big' (see python -m bench run --help)"),
     (["--hvd-compression", "zip"], "bench: error: argument --hvd-compression: invalid choice: 'zip'"),
+    (["--warmup", "1"], "bench: error: warmup 1 is too short to reach steady state; use at least 2 (step 1 pays "
+                        "lazy initialisation and cuDNN's algorithm search, and DDP rebuilds its gradient buckets at "
+                        "step 2)"),
+    (["--repeat", "0"], "bench: error: --repeat must be a positive integer, got 0"),
+    (["--cudnn-benchmark", "maybe"], "bench: error: argument --cudnn-benchmark: invalid choice: 'maybe' "
+                                     "(choose from 'on', 'off')"),
 ])
 def test_bad_input_is_one_clear_line(results_dir, args, message):
     # TINY comes first so that the bad value given afterwards wins

@@ -19,11 +19,12 @@ _ids = itertools.count()
 
 
 def make(backend, n, thr=None, status="ok", device="cuda", precision="fp32", reserved=None, reason=None,
-         note=None, options=None, windows=3, model="resnet50", env=None, stamp="20260101T000000Z"):
-    """A schema-1 record whose every window runs at exactly ``thr`` global img/s (so the median is ``thr``)."""
+         note=None, options=None, windows=3, model="resnet50", env=None, stamp="20260101T000000Z", cudnn=True,
+         **extra):
+    """A record whose every window runs at exactly ``thr`` global img/s (so the median is ``thr``)."""
     cfg = dict(backend=backend, launcher="torchrun", world_size=n, device_type=device, model=model, image_size=224,
                precision=precision, batch_size=64, warmup=5, steps=10, windows=windows, note=note,
-               options=options or {})
+               options=options or {}, cudnn_benchmark=cudnn if device == "cuda" else None)
     env = {"torch": "2.5.1+cu124", "torchvision": "0.20.1", "cuda": "12.4", "nccl": "2.21.5", "cudnn": 90100,
            "driver": "550.54.15", "gpu_count": 4, "gpu_names": [H100] * 4, "cpu_count": 32, "cpu_model": "EPYC",
            "hostname": "node1", "python": "3.11.7", "git_commit": "abc123", "horovod": None, "topology": None,
@@ -40,7 +41,9 @@ def make(backend, n, thr=None, status="ok", device="cuda", precision="fp32", res
             reserved = reserved or [10 * GiB] * n
             rec["memory"] = [{"rank": 0 if backend == "dp" else i, "device_index": i, "device_name": H100,
                               "peak_allocated_bytes": int(b * 0.8), "peak_reserved_bytes": int(b),
-                              "nvml_used_bytes": int(b) + GiB} for i, b in enumerate(reserved)]
+                              "nvml_used_bytes": int(b) + GiB, "warmup_peak_reserved_bytes": int(b) + 2 * GiB}
+                             for i, b in enumerate(reserved)]
+    rec.update(extra)
     return rec
 
 
@@ -94,7 +97,8 @@ def test_full_sweep_through_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert str((out / "REPORT.md").resolve()) in proc.stdout
-    assert "| **ddp** ★ | 4 | fp32 | 1 (3) | 360.0 img/s | 360.0 – 360.0 img/s | 90.0 img/s |" in proc.stdout
+    assert ("| **ddp** ★ | 4 | fp32 | 1 (3) | 360.0 img/s | 360.0 – 360.0 img/s (within-run only) |  | 90.0 img/s |"
+            in proc.stdout)
 
     df = summary(out)
     assert len(df) == 10
@@ -107,9 +111,9 @@ def test_full_sweep_through_the_cli(tmp_path):
     assert pd.isna(row(df, "ddp_amp_syncbn", 2).eff_vs_single_pct)
     assert row(df, "ddp_amp_syncbn", 2).eff_vs_own_ws1_pct == pytest.approx(97.5, abs=1e-3)
     assert row(df, "dp", 4).per_device_img_s == pytest.approx(60.0, abs=1e-3)
-    # best per world size: AMP wins at 1 and 2 (it is in the table), ddp at 4
+    # best per world size and precision: fp16 AMP is never ranked against fp32
     assert set(df[df.best_at_world_size].apply(lambda r: (r.backend, r.world_size), axis=1)) == {
-        ("ddp_amp_syncbn", 1), ("ddp_amp_syncbn", 2), ("ddp", 4)}
+        ("single", 1), ("ddp_amp_syncbn", 1), ("ddp", 2), ("ddp_amp_syncbn", 2), ("ddp", 4)}
 
     md = (out / "REPORT.md").read_text()
     assert f"4 × {H100}" in md and "driver 550.54.15" in md and "NCCL 2.21.5" in md and "CUDA 12.4" in md
@@ -124,13 +128,14 @@ def test_full_sweep_through_the_cli(tmp_path):
     dp4 = next(line for line in md.splitlines() if line.startswith("| dp | 4 | 2026"))
     assert "0: 20.00 · 1: 12.00 · 2: 12.00 · 3: 12.00 GiB" in dp4
     assert "1.43 × (max/mean)" in dp4 and "+8.00 GiB" in dp4
+    assert dp4.endswith("| 22.00 GiB |")  # the warm-up peak, in its own column, never the timed one
     assert row(df, "dp", 4).memory_imbalance == pytest.approx(20 / 14, abs=1e-3)
     assert "**4. Skipped and failed runs**\n\nNone." in md
     assert_plots(out)
 
 
-def test_missing_baseline_leaves_the_cell_empty_and_repeated_runs_pool(tmp_path, capsys):
-    # no single@1; ddp@1 ran twice (3 windows at 100 and 3 at 120 img/s): pooled median 110
+def test_missing_baseline_leaves_the_cell_empty_and_runs_are_the_unit(tmp_path, capsys):
+    # no single@1; ddp@1 ran twice (3 windows at 100 and 3 at 120 img/s): the median of run medians is 110
     raw = write(tmp_path, make("ddp", 1, 100.0), make("ddp", 1, 120.0), make("ddp", 2, 165.0))
     code, _ = run_report(raw, tmp_path / "rep", capsys)
     assert code == 0
@@ -138,10 +143,12 @@ def test_missing_baseline_leaves_the_cell_empty_and_repeated_runs_pool(tmp_path,
     assert df.eff_vs_single_pct.isna().all()
     ddp1 = row(df, "ddp", 1)
     assert (ddp1.runs_ok, ddp1.global_img_s) == (2, pytest.approx(110.0))
-    assert ddp1.ci95_low_img_s <= 110.0 <= ddp1.ci95_high_img_s
+    # the interval spans the runs (a window-level interval of 6 identical-per-run windows would not)
+    assert (ddp1.ci95_low_img_s, ddp1.ci95_high_img_s) == (pytest.approx(100.0), pytest.approx(120.0))
+    assert ddp1.interval == "across runs" and ddp1.cv_runs_pct == pytest.approx(100 * 14.142 / 110, abs=0.01)
     assert row(df, "ddp", 2).eff_vs_own_ws1_pct == pytest.approx(75.0)  # 165 / (2 x 110)
     md = (tmp_path / "rep" / "REPORT.md").read_text()
-    assert "| 2 (6) | 110.0 img/s |" in md
+    assert "| 2 (6) | 110.0 img/s | 100.0 – 120.0 img/s | 12.9 % |" in md
     assert "| ddp | 2 | fp32 | 165.0 img/s |  | 75.0 % |" in md
     assert_plots(tmp_path / "rep")
 
@@ -200,7 +207,7 @@ def test_bad_files_are_skipped_with_one_warning_each(tmp_path, capsys):
     raw = write(tmp_path, make("single", 1, 100.0), make("ddp", 2, 180.0))
     (raw / "half.json").write_text('{"schema": 1, "run_id": "x", "stat')
     (raw / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
-    (raw / "future.json").write_text(json.dumps({**make("ddp", 4, 1.0), "schema": 2}))
+    (raw / "future.json").write_text(json.dumps({**make("ddp", 4, 1.0), "schema": results.SCHEMA + 1}))
     bad = make("ddp", 8, 1.0)
     bad.update(window_seconds=[], throughput=None)
     (raw / "no-windows.json").write_text(json.dumps(bad))
@@ -212,6 +219,34 @@ def test_bad_files_are_skipped_with_one_warning_each(tmp_path, capsys):
         assert sum(name in w for w in warnings) == 1
     assert row(summary(tmp_path / "rep"), "ddp", 2).eff_vs_single_pct == pytest.approx(90.0)
     assert "## Files not read" in (tmp_path / "rep" / "REPORT.md").read_text()
+
+
+def test_cudnn_variant_is_labelled_matched_and_explained(tmp_path, capsys):
+    raw = write(tmp_path, make("single", 1, 100.0), make("dp", 2, 120.0), make("dp", 2, 150.0, cudnn=False),
+                make("dp", 4, 200.0), make("dp", 4, 205.0, cudnn=False), make("dp", 4, 195.0, cudnn=False))
+    code, _ = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    df = summary(tmp_path / "rep")
+    off = row(df, "dp", 2, cudnn_benchmark=False)
+    assert off.eff_vs_single_pct == pytest.approx(75.0)  # against single@1 with the default (on)
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert "| dp (cudnn.benchmark off) | 2 | fp32 | 150.0 img/s | 75.0 % |" in md
+    assert ("- `dp` ×2 fp32, cudnn.benchmark on vs off: 120.0 vs 150.0 img/s (on/off = 0.80). cuDNN keeps its "
+            "benchmark cache per thread") in md
+    assert "Here off is faster: the on figure includes that repeated search" in md
+    ws4 = next(line for line in md.splitlines() if line.startswith("- `dp` ×4 fp32, cudnn.benchmark on vs off"))
+    assert "200.0 vs 200.0 img/s (on/off = 1.00)" in ws4 and ws4.endswith("no difference is established.")
+
+
+def test_windows_with_gradscaler_skips_are_flagged(tmp_path, capsys):
+    raw = write(tmp_path, make("ddp", 2, 300.0, precision="fp16", skipped_steps=[0, 2, 0]),
+                make("ddp", 2, 310.0, precision="fp16", skipped_steps=[0, 0, 0]))
+    code, _ = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    flagged = [line for line in md.splitlines() if "GradScaler skipped" in line]
+    assert len(flagged) == 1
+    assert "GradScaler skipped 2 optimizer step(s) (fp16 overflow) in window(s) 2:" in flagged[0]
 
 
 def test_missing_or_empty_results_directory(tmp_path, capsys):

@@ -1,0 +1,141 @@
+"""``python -m bench baseline save | name``: the stored baselines the regression gate compares against.
+
+A baseline is one JSON file, ``results/baselines/NAME.json``: ``{"schema", "name", "created_at", "source",
+"hardware", "configurations", "records"}`` with the ok records of a results directory. Every later CI run is
+judged against it, so an existing baseline is replaced only with ``--force``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bench.compare import BadInput, _error, _warn
+
+BASELINE_DIR = "results/baselines"
+BASELINE_SCHEMA = 1
+
+
+def register(sub) -> None:
+    b = sub.add_parser("baseline", help="manage stored baselines for the regression gate (save, name)")
+    bsub = b.add_subparsers(dest="baseline_command", metavar="{save,name}", required=True)
+    s = bsub.add_parser(
+        "save", help="write the ok records of a results directory to results/baselines/NAME.json",
+        description="Write the ok records from DIR as one baseline file, atomically. An existing baseline is "
+                    "only replaced with --force: every later CI run is judged against it.")
+    s.add_argument("--from", dest="source", required=True, metavar="DIR", help="results directory (or file) to take records from")
+    s.add_argument("--name", help="baseline name (default: the hardware of the records, e.g. NVIDIA-H100-80GB-HBM3)")
+    s.add_argument("--out-dir", default=BASELINE_DIR, help=f"where baselines live (default {BASELINE_DIR})")
+    s.add_argument("--latest", action="store_true", help="keep only the latest ok run of each configuration")
+    s.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
+    s.set_defaults(func=cmd_baseline_save)
+    n = bsub.add_parser("name", help="print the default baseline name: the hardware of --from's records, or of "
+                                     "this machine (CUDA device 0, else the CPU model)")
+    n.add_argument("--from", dest="source", metavar="DIR", help="derive the name from these records' hardware")
+    n.set_defaults(func=cmd_baseline_name)
+
+
+
+def slug(text: str) -> str:
+    """A file-name-safe baseline name: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA-H100-80GB-HBM3'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "unknown"
+
+
+def default_name(recs: list[dict]) -> str:
+    from bench import results
+
+    hws = sorted({results.hardware(r) for r in recs})
+    if len(hws) != 1:
+        raise BadInput(f"the records come from {len(hws)} kinds of hardware ({'; '.join(hws)}); give --name")
+    return slug(hws[0])
+
+
+def machine_name() -> str:
+    """The default baseline name for this machine: the model of CUDA device 0, or the CPU model without CUDA.
+
+    The GPU name comes from torch, as in the records' ``memory[].device_name`` that ``results.hardware``
+    reads, so the name matches what ``bench run --device auto`` will record here.
+    """
+    import torch
+
+    from bench import results
+
+    if torch.cuda.is_available():
+        return slug(torch.cuda.get_device_name(0))
+    return slug(f"CPU: {results._cpu_model() or 'unknown'}")
+
+
+def _check_name(name: str) -> str:
+    name = name[:-5] if name.endswith(".json") else name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise BadInput(f"baseline name {name!r}: use letters, digits, '.', '_' and '-' only (it becomes a file name)")
+    return name
+
+
+def _started(rec: dict) -> str:
+    return str(rec.get("finished_at") or (rec.get("env") or {}).get("started_at") or rec.get("run_id") or "")
+
+
+def cmd_baseline_save(args) -> int:
+    from bench import results
+
+    try:
+        src = Path(args.source)
+        if not src.exists():
+            raise BadInput(f"--from {args.source!r} does not exist")
+        recs = results.load(src, warn=_warn)
+        ok = [r for r in recs if r.get("status") == "ok" and r.get("window_seconds")]
+        if not ok:
+            raise BadInput(f"--from {args.source!r}: no ok records to save ({len(recs)} record(s) read, "
+                           f"{len(recs) - len(ok)} not ok); a baseline must hold at least one successful run")
+        if args.latest:
+            latest = {}
+            for r in sorted(ok, key=_started):
+                latest[results.config_key(r)] = r
+            ok = list(latest.values())
+        name = _check_name(args.name) if args.name else default_name(ok)
+    except BadInput as e:
+        return _error(str(e))
+    out_dir = Path(args.out_dir)
+    final = out_dir / f"{name}.json"
+    if final.exists() and not args.force:
+        return _error(f"baseline {str(final)!r} exists; every later CI run is judged against it, so replacing it "
+                      f"must be deliberate: pass --force (and review the diff before committing)")
+    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in sorted(ok, key=_started)]
+    doc = {
+        "schema": BASELINE_SCHEMA,
+        "name": name,
+        "created_at": results.utc_now(),
+        "source": str(src),
+        "hardware": sorted({results.hardware(r) for r in ok}),
+        "configurations": len({results.config_key(r) for r in ok}),
+        "records": clean,
+    }
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        results.write_json_atomic(doc, final, overwrite=args.force)
+    except FileExistsError:
+        return _error(f"baseline {str(final)!r} exists; pass --force to replace it")
+    except OSError as e:
+        return _error(f"cannot write baseline {str(final)!r}: {e.strerror or e}")
+    skipped = len(recs) - len(ok)
+    print(f"baseline {name}: {len(clean)} record(s), {doc['configurations']} configuration(s) on "
+          f"{'; '.join(doc['hardware'])} -> {final}" + (f" ({skipped} record(s) left out)" if skipped else ""))
+    return 0
+
+
+def cmd_baseline_name(args) -> int:
+    from bench import results
+
+    try:
+        if args.source:
+            if not Path(args.source).exists():
+                raise BadInput(f"--from {args.source!r} does not exist")
+            ok = [r for r in results.load(args.source, warn=_warn) if r.get("status") == "ok"]
+            if not ok:
+                raise BadInput(f"--from {args.source!r}: no ok records to name a baseline after")
+            print(default_name(ok))
+        else:
+            print(machine_name())
+    except BadInput as e:
+        return _error(str(e))
+    return 0
