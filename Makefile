@@ -15,7 +15,7 @@ DATA    ?=
 # DATA=/path/to/imagenet measures the real input pipeline (DIR/train/<class>/*.JPEG) instead of synthetic data.
 DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA))
 
-.PHONY: install horovod bench report test list clean regress baseline
+.PHONY: install horovod bench report test list clean regress baseline verify
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ install: $(STAMP) horovod
 bench: install
 	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS); status=$$?; \
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
+
+# Training equivalence (README: "Verifying the backends"): every backend trains K steps on the same data and
+# is compared with a single-process reference; exit 1 when one trains something else.
+verify: install
+	$(PY) -m bench verify --max-gpus $(GPUS) --results $(RESULTS) $(ARGS)
 
 report: $(STAMP)
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT)

@@ -16,9 +16,13 @@ AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 class Backend:
     """Base class: a single process on one device. Subclasses override ``setup`` and, for several
-    processes, ``all_gather``/``barrier``/``teardown``."""
+    processes, ``all_gather``/``all_reduce_sum``/``barrier``/``teardown``."""
 
     default_precision = "fp32"
+    # Whose samples a BatchNorm layer normalises over: "local" (each replica's own share, as dp, ddp and
+    # horovod with plain BatchNorm do) or "global" (SyncBatchNorm: the whole global batch). bench verify
+    # picks its reference by this.
+    batchnorm = "local"
 
     def __init__(self, name: str, launcher: str, **params):
         self.name, self.launcher, self.params = name, launcher, params
@@ -54,6 +58,16 @@ class Backend:
 
     def all_gather(self, obj) -> list:
         return [obj]
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum of ``tensor`` over the ranks (a device tensor of this rank's values)."""
+        return tensor
+
+    def full_parameters(self):
+        """``(name, tensor)`` for every parameter of the whole model, as this rank can read it. Sharded backends
+        (FSDP2, ZeRO-3) override this to gather the full tensors; the replica checksum and verify read
+        parameters only through here."""
+        return self.module.named_parameters()
 
     def barrier(self) -> None:
         pass
@@ -101,7 +115,9 @@ class Backend:
             out = self.model(inputs)
             return F.cross_entropy(out, targets)
 
-    def step(self) -> None:
+    def step(self) -> torch.Tensor:
+        """One forward/backward/optimizer step; returns this rank's loss (a detached device tensor, never read
+        inside the timed loop)."""
         loss = self.forward_loss()
         self.optimizer.zero_grad()  # set_to_none by default (torch >= 2.0)
         if self.scaler is None:
@@ -111,6 +127,7 @@ class Backend:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+        return loss.detach()
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

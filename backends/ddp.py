@@ -38,6 +38,10 @@ class DDP(Backend):
         dist.all_gather_object(out, obj)
         return out
 
+    def all_reduce_sum(self, tensor):
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
     def barrier(self):
         dist.barrier()
 

@@ -14,6 +14,7 @@ SYNCBN_CPU = ("SyncBatchNorm layers only work with GPU modules (torch.nn.SyncBat
 
 class DDPAmpSyncBN(DDP):
     default_precision = "fp16"
+    batchnorm = "global"  # SyncBatchNorm normalises over the global batch
 
     def unavailable(self, cfg):
         if cfg.device_type == "cpu":

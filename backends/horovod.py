@@ -1,7 +1,10 @@
 """horovod: Horovod's DistributedOptimizer, launched by ``horovodrun -np N -H localhost:N --gloo``.
 
 Follows Horovod's own examples: hvd.init, one device per local rank, DistributedOptimizer with
-named_parameters, parameters and optimizer state broadcast from rank 0. ``--hvd-compression fp16``
+named_parameters, parameters broadcast from rank 0. Not the optimizer state: for an optimizer with no state
+yet, ``hvd.broadcast_optimizer_state`` first runs ``optimizer.step()`` on zero gradients to create it, which
+with weight decay shrinks every parameter and seeds the momentum, so the model trained differs from every
+other backend's (bench verify found it). A fresh optimizer has nothing to broadcast. ``--hvd-compression fp16``
 halves the allreduce traffic (the published ImageNet example hard-codes it; it is not like-for-like with
 fp32 DDP, so the record's ``options`` says which ran). AMP uses the documented pattern:
 optimizer.synchronize(), then scaler.step inside optimizer.skip_synchronize().
@@ -91,7 +94,7 @@ class Horovod(Backend):
         self.optimizer = hvd.DistributedOptimizer(self.optimizer, named_parameters=model.named_parameters(),
                                                   compression=compression)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        # no broadcast_optimizer_state: see the module docstring
 
     def step(self):
         if self.scaler is None:
@@ -103,9 +106,13 @@ class Horovod(Backend):
         with self.optimizer.skip_synchronize():  # ...so that scaler.step's optimizer.step() does not redo them
             self.scaler.step(self.optimizer)
         self.scaler.update()
+        return loss.detach()
 
     def all_gather(self, obj):
         return self.hvd.allgather_object(obj)
+
+    def all_reduce_sum(self, tensor):
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
 
     def barrier(self):
         self.hvd.barrier()

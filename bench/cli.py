@@ -119,7 +119,8 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
             warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
             windows=_pick(args.windows, d["windows"]), precision=precision, timeout=args.timeout,
-            options=backend_options(name, args), cudnn_benchmark=cudnn_benchmark,
+            options=backend_options(name, args), cudnn_benchmark=cudnn_benchmark, eval=args.eval,
+            eval_samples=_pick(args.eval_samples, RunConfig.eval_samples),
         ).validate()
         least, why = backend.min_warmup(cfg)
         if cfg.warmup < least:
@@ -150,6 +151,8 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
                 have.add(precision)
     if args.data == "imagenet":
         data.check_imagenet(args.data_dir, max(c.global_batch for c in configs) if configs else 1)
+        if args.eval:
+            data.check_eval(args.data_dir)
     elif args.data_dir:
         raise UsageError("--data-dir is for --data imagenet; synthetic data needs no directory")
     return configs, notes
@@ -337,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data-dir", help="ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)")
     r.add_argument("--workers", type=int, help="DataLoader processes per device, for every backend (dp's one process "
                                                "gets N times as many, capped by the cores; default: cores / N - 1)")
+    r.add_argument("--eval", action="store_true",
+                   help="after the timed windows, evaluate the distributed way (DistributedSampler shards, all-reduced "
+                        "sums): eval_loss, eval_accuracy, eval_throughput")
+    r.add_argument("--eval-samples", type=int, help="size of the synthetic evaluation set (default 300; real data: val/)")
     r.add_argument("--resume", action="store_true",
                    help="skip configurations that already have an ok record in the results directory")
     r.add_argument("--results", default="results/raw", help="directory for the records (default results/raw)")
@@ -358,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     # func(args) -> exit code.
     import importlib
 
-    for mod in ("report", "compare", "baseline"):
+    for mod in ("report", "compare", "baseline", "verify"):
         importlib.import_module(f"bench.{mod}").register(sub)
     return p
 

@@ -49,9 +49,11 @@ class RunConfig:
     cudnn_benchmark: bool | None = None  # torch.backends.cudnn.benchmark on CUDA (None on CPU: no cuDNN)
     repeat_index: int = 1  # this run is repetition repeat_index of repeats (bench run --repeat)
     repeats: int = 1
+    eval: bool = False  # evaluate after training (DistributedSampler shards, all-reduced sums)
+    eval_samples: int = 300  # size of the synthetic evaluation set
 
     def validate(self) -> "RunConfig":
-        for name in ("world_size", "image_size", "batch_size", "steps", "windows"):
+        for name in ("world_size", "image_size", "batch_size", "steps", "windows", "eval_samples"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")

@@ -149,13 +149,78 @@ def synthetic(batch: int, image_size: int, device: torch.device, rank: int):
     return itertools.repeat((inputs, targets))
 
 
+def shard_rank(backend) -> int:
+    """Whose share of the data this rank reads: its own (BENCH_FAULT wrong-shard sets another)."""
+    return getattr(backend, "shard_rank", backend.rank)
+
+
 def batches_for(cfg, backend):
     """The iterator a backend trains from, fed ``backend.feed_batch`` samples per step on ``backend.data_device``."""
     if cfg.data == "synthetic":
-        return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, backend.rank)
+        return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, shard_rank(backend))
     feeds = cfg.world_size if backend.launcher == "inproc" else 1  # dp feeds every GPU from one process
     backend.loader_workers = loader_workers(cfg, feeds)
-    loader = imagenet_loader(cfg.data_dir, cfg.image_size, backend.feed_batch, backend.loader_workers, backend.rank,
+    loader = imagenet_loader(cfg.data_dir, cfg.image_size, backend.feed_batch, backend.loader_workers, shard_rank(backend),
                              backend.world_size, distributed=backend.launcher != "inproc",
                              pin_memory=cfg.device_type == "cuda", seed=cfg.seed)
     return TimedBatches(loader, backend.data_device)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation sets and bench verify's batches
+
+class SyntheticEval(torch.utils.data.Dataset):
+    """A fixed, seeded evaluation set: sample i is the same image and label on every rank and every run."""
+
+    def __init__(self, size: int, image_size: int, seed: int = 0):
+        self.size, self.image_size, self.seed = size, image_size, seed
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        gen = torch.Generator().manual_seed(2000 + 1_000_003 * self.seed + i)
+        return (torch.randn(3, self.image_size, self.image_size, generator=gen),
+                int(torch.randint(0, 1000, (1,), generator=gen)))
+
+
+def eval_dataset(cfg):
+    """The evaluation set of a run: ``cfg.eval_samples`` synthetic samples, or the ImageNet ``val/`` folder."""
+    if cfg.data == "synthetic":
+        return SyntheticEval(cfg.eval_samples, cfg.image_size, cfg.seed)
+    from torchvision import transforms
+    from torchvision.datasets import ImageFolder
+
+    transform = transforms.Compose([
+        transforms.Resize(int(cfg.image_size * 256 / 224)),
+        transforms.CenterCrop(cfg.image_size),
+        transforms.ToTensor(),
+        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+    return ImageFolder(str(Path(cfg.data_dir) / "val"), transform=transform)
+
+
+def check_eval(data_dir: str) -> None:
+    """``--eval`` on ImageNet data needs DIR/val/<class>/*.JPEG; say so before anything runs."""
+    val = Path(data_dir) / "val"
+    if not val.is_dir() or not any(p.is_dir() for p in val.iterdir()):
+        raise DataError(f"--eval with --data imagenet needs class folders in {val} (expected {val}/<class>/*.JPEG)")
+
+
+def verify_batches(global_batch: int, data_world: int, steps: int, image_size: int, seed: int,
+                   device: torch.device, rank: int | None):
+    """bench verify's deterministic data: ``steps`` global batches drawn by DistributedSampler over one seeded
+    set. Rank ``rank`` gets exactly the share a DistributedSampler gives it; ``rank=None`` (single and
+    DataParallel) gets the whole global batch, ordered as the ranks' shares one after the other, so that
+    DataParallel's scatter hands replica r what rank r of DDP would read."""
+    from torch.utils.data import DistributedSampler
+
+    share, n = global_batch // data_world, global_batch * steps
+    gen = torch.Generator().manual_seed(3000 + seed)
+    images = torch.randn(n, 3, image_size, image_size, generator=gen)
+    labels = torch.randint(0, 1000, (n,), generator=gen)
+    shares = {r: list(DistributedSampler(range(n), num_replicas=data_world, rank=r, shuffle=True, seed=seed))
+              for r in (range(data_world) if rank is None else [rank])}
+    for k in range(steps):
+        idx = [i for r in sorted(shares) for i in shares[r][k * share:(k + 1) * share]]
+        yield images[idx].to(device), labels[idx].to(device)

@@ -6,6 +6,9 @@
     diverge@rank1        after training, perturb rank 1's parameters (the replica check must catch it)
     bloat@rank0:step2    hold 256 MiB on the rank's first device through that step (a one-time peak such as
                          cuDNN's search workspace; in a warm-up step it must not reach the timed peaks)
+    grad-scale@rank1     rank 1's local gradients are doubled before they are reduced (the loss keeps its
+                         value): replicas stay identical but are wrong (bench verify must catch it)
+    wrong-shard@rank1    rank 1 reads rank 0's share of the data instead of its own (bench verify must catch it)
 
 A ``BACKEND/`` prefix limits a fault to one backend (``ddp/crash@rank1:step3``), so a sweep can show that
 one failing run does not stop the next. Several faults are separated by commas. With BENCH_FAULT unset nothing is installed: the timed loop
@@ -19,9 +22,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "oom", "diverge", "bloat")
+KINDS = ("crash", "hang", "oom", "diverge", "bloat", "grad-scale", "wrong-shard")
 BLOAT_BYTES = 256 * 2 ** 20
-_SPEC = re.compile(r"^(?:(?P<backend>[a-z_]+)/)?(?P<kind>[a-z]+)(?:@rank(?P<rank>\d+))?(?::step(?P<step>\d+))?$")
+_SPEC = re.compile(r"^(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)(?:@rank(?P<rank>\d+))?(?::step(?P<step>\d+))?$")
 
 
 @dataclass
@@ -52,6 +55,17 @@ class Fault:
                 if f.rank == backend.rank and f.kind in kinds and f.backend in (None, backend.name)]
 
     def install(self, backend) -> None:
+        """After setup, before the harness builds the data (wrong-shard picks the share the data comes from)."""
+        if self._mine(backend, ("wrong-shard",)):
+            backend.shard_rank = 0
+        if self._mine(backend, ("grad-scale",)):
+            forward_loss = backend.forward_loss
+
+            def doubled():  # the same loss value, twice its gradient: what reaches the reduction is doubled
+                loss = forward_loss()
+                return loss + (loss - loss.detach())
+
+            backend.forward_loss = doubled
         mine = self._mine(backend, ("crash", "hang", "oom", "bloat"))
         if not mine:
             return
@@ -60,8 +74,9 @@ class Fault:
         def step():
             count[0] += 1
             held = [_trigger(f, backend) for f in mine if f.step == count[0]]  # a bloat block lives through the step
-            original()
+            loss = original()
             del held
+            return loss
 
         backend.step = step
 

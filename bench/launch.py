@@ -65,9 +65,12 @@ def threads_per_rank(cfg: RunConfig) -> int:
     return max(1, (os.cpu_count() or 1) // procs)
 
 
-def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_env: dict | None = None) -> dict:
-    """Run one configuration to completion and return its record (also saved under ``results_dir``)."""
-    run_id = results.new_run_id(cfg.backend, cfg.world_size)
+def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_env: dict | None = None,
+            run_id: str | None = None, extra_spec: dict | None = None, timeout: float | None = None,
+            threads: int | None = None) -> dict:
+    """Run one configuration to completion and return its record (also saved under ``results_dir``).
+    ``extra_spec`` reaches the worker in its spec (``{"task": "verify", ...}`` runs bench verify's rank code)."""
+    run_id = run_id or results.new_run_id(cfg.backend, cfg.world_size)
     record = results.skeleton(cfg.to_dict(), run_id, {**env_meta, "started_at": results.utc_now()})
     reason = backend.unavailable(cfg)
     if reason:
@@ -78,13 +81,13 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
     logs = results_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path, spec_path = logs / f"{run_id}.log", logs / f"{run_id}.spec.json"
-    threads = threads_per_rank(cfg)
+    threads = threads or threads_per_rank(cfg)
     child_env = {**os.environ, **(extra_env or {}),
                  "PYTHONPATH": os.pathsep.join(filter(None, [str(results.REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     # The same share of the cores per rank whatever the launcher (torchrun alone would force 1 thread per
     # rank, mp.spawn and horovodrun would give each rank every core), so launchers are compared fairly.
     child_env["OMP_NUM_THREADS"] = str(threads)
-    timeout = cfg.timeout or default_timeout(cfg)
+    timeout = cfg.timeout or timeout or default_timeout(cfg)
 
     first_port = os.environ.get("BENCH_MASTER_PORT")  # a fixed first choice (firewalls; tests of the retry)
     if first_port and not first_port.isdigit():
@@ -92,7 +95,7 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
     for attempt in range(1, PORT_RETRIES + 1):
         port = int(first_port) if first_port and attempt == 1 else free_port()
         spec = {"config": cfg.to_dict(), "run_id": run_id, "results_dir": str(results_dir), "env": record["env"],
-                "master_port": port, "threads_per_rank": threads}
+                "master_port": port, "threads_per_rank": threads, **(extra_spec or {})}
         spec_path.write_text(json.dumps(spec))
         start = log_path.stat().st_size if log_path.exists() else 0
         rc, timed_out = _run_group(command(cfg.launcher, cfg.world_size, str(spec_path)), child_env, log_path, timeout)

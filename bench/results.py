@@ -75,6 +75,11 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
         "repeat_index": cfg.get("repeat_index", 1),
         "repeats": cfg.get("repeats", 1),
         "replicas_consistent": None,
+        "eval": cfg.get("eval", False),
+        "eval_samples": None,
+        "eval_loss": None,
+        "eval_accuracy": None,
+        "eval_throughput": None,
         "env": env,
     }
 

@@ -23,6 +23,7 @@ import torch
 import backends
 from bench import data, results, stats
 from bench.config import RunConfig
+from bench.evaluate import evaluate
 from bench.faults import Fault
 
 OOM_MARKER = "BENCH-OOM:"  # the harness looks for this line in a failed run's stderr
@@ -40,9 +41,9 @@ def run(spec: dict) -> None:
         torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
+    fault.install(backend)
     backend.batches = data.batches_for(cfg, backend)
     waited = getattr(backend.batches, "wait_seconds", None) is not None  # real data: time the input waits
-    fault.install(backend)
 
     def sync():
         for d in backend.devices():
@@ -75,7 +76,9 @@ def run(spec: dict) -> None:
         skipped_steps.append(skips(before, backend.loss_scale()))
 
     fault.after_training(backend)
-    memory = memory_stats(backend)
+    memory, host_rss = memory_stats(backend), host_peak_rss()  # before evaluation: the timed windows' peaks
+    evaluated = evaluate(backend, data.eval_dataset(cfg), backend.feed_batch,
+                         data.loader_workers(cfg, backend.feed_batch // cfg.batch_size)) if cfg.eval else None
     for m, w in zip(memory, warmup_memory):
         m["warmup_peak_allocated_bytes"] = w["peak_allocated_bytes"]
         m["warmup_peak_reserved_bytes"] = w["peak_reserved_bytes"]
@@ -85,8 +88,9 @@ def run(spec: dict) -> None:
         "data_wait_seconds": data_wait if waited else None,
         "corrupt_images_skipped": backend.batches.skipped if waited else None,
         "memory": memory,
-        "param_sha256": param_checksum(backend.module),
-        "host_peak_rss_bytes": host_peak_rss(),
+        "param_sha256": param_checksum(backend.full_parameters()),
+        "eval": evaluated,
+        "host_peak_rss_bytes": host_rss,
         "warmup_host_peak_rss_bytes": warmup_rss,
         "skipped_steps": skipped_steps if scale0 is not None else None,
         "warmup_skipped_steps": skips(scale0, scale_after_warmup) if scale0 is not None else None,
@@ -142,11 +146,24 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         if skipped[0] is not None else None,
         settle_steps=SETTLE_STEPS,
         backend_info=per_rank[0].get("backend_info"),
+        **eval_fields(per_rank),
         loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
         threads_per_rank=spec["threads_per_rank"],
         finished_at=results.utc_now(),
     )
     return record
+
+
+def eval_fields(per_rank: list[dict]) -> dict:
+    """The record's evaluation fields: sums were all-reduced, so every rank holds the totals; the throughput is
+    set by the slowest rank."""
+    ev = [r.get("eval") for r in per_rank]
+    if ev[0] is None:
+        return {}
+    slowest = max(e["eval_seconds"] for e in ev)
+    return {"eval_samples": ev[0]["eval_samples"], "eval_loss": ev[0]["eval_loss"],
+            "eval_accuracy": ev[0]["eval_accuracy"],
+            "eval_throughput": ev[0]["eval_samples"] / slowest if slowest > 0 else None}
 
 
 def memory_stats(backend) -> list[dict]:
@@ -198,10 +215,10 @@ def host_peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def param_checksum(module: torch.nn.Module) -> str:
-    """SHA-256 over the bytes of every parameter: equal on two ranks iff their replicas are bit-identical."""
+def param_checksum(named_parameters) -> str:
+    """SHA-256 over the bytes of every (full) parameter: equal on two ranks iff their replicas are bit-identical."""
     h = hashlib.sha256()
-    for name, p in module.named_parameters():
+    for name, p in named_parameters:
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -216,7 +233,12 @@ def _spawned(index: int, spec: dict, nprocs: int) -> None:
 
 def _guarded(spec: dict) -> None:
     try:
-        run(spec)
+        if spec.get("task") == "verify":
+            from bench import verify_worker
+
+            verify_worker.run_rank(spec)
+        else:
+            run(spec)
     except torch.cuda.OutOfMemoryError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "CUDA out of memory"
         print(f"{OOM_MARKER} {first}", file=sys.stderr, flush=True)

@@ -3,7 +3,6 @@ that reaches steady state, GradScaler skips, runs as the statistical unit, match
 loader workers and reshuffled shards. Each test fails without the piece it names."""
 import threading
 
-import pytest
 import torch
 
 from bench import cli, data

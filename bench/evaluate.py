@@ -1,0 +1,64 @@
+"""Distributed evaluation, the way the source articles do it, for every backend.
+
+Each rank evaluates its DistributedSampler shard of the evaluation set (no shuffle) under ``torch.no_grad()``
+and ``model.eval()``; the sums of loss, correct predictions and samples are all-reduced; then a barrier.
+DataParallel and ``single`` evaluate the whole set in one process.
+
+DistributedSampler pads the set to a multiple of the world size by repeating its first samples, which would
+count them twice. ``exact_shard`` drops the padded positions, so every sample is counted exactly once and
+``eval_samples`` is the set's size, never the padded size.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def exact_shard(size: int, world_size: int, rank: int) -> list[int]:
+    """Rank ``rank``'s indices from DistributedSampler(shuffle=False), without the padding it adds: the padded
+    list is range(size) followed by repeats, rank r takes positions r, r + N, ...; positions >= size are the
+    repeats."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(size), num_replicas=world_size, rank=rank, shuffle=False)
+    return [i for j, i in enumerate(sampler) if j * world_size + rank < size]
+
+
+def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
+    """Evaluate ``backend.model`` on this rank's exact shard of ``dataset`` and all-reduce the sums.
+
+    Returns ``eval_samples`` (over all ranks), ``eval_loss`` (mean cross-entropy), ``eval_accuracy`` (top-1,
+    0..1) and ``eval_seconds`` (this rank's wall time, max over ranks taken by the caller's gather)."""
+    from torch.utils.data import DataLoader, Subset
+
+    distributed = backend.launcher != "inproc"
+    indices = exact_shard(len(dataset), backend.world_size, backend.rank) if distributed else range(len(dataset))
+    loader = DataLoader(Subset(dataset, list(indices)), batch_size=batch_size, shuffle=False, num_workers=workers)
+    device = backend.data_device
+    model = backend.model
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, samples
+    backend.barrier()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for item in loader:
+            images, targets = item[0].to(device), item[1].to(device)
+            with torch.autocast(backend.device_type, dtype=backend.autocast_dtype,
+                                enabled=backend.autocast_dtype is not None):
+                out = model(images)
+            sums[0] += F.cross_entropy(out.float(), targets, reduction="sum").double()
+            sums[1] += (out.argmax(dim=1) == targets).sum()
+            sums[2] += targets.numel()
+    for d in backend.devices():
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
+    seconds = time.perf_counter() - t0
+    sums = backend.all_reduce_sum(sums)
+    backend.barrier()  # as the source articles do: nobody moves on before every rank has evaluated
+    model.train(was_training)
+    loss, correct, samples = sums.tolist()
+    return {"eval_samples": int(samples), "eval_loss": loss / samples if samples else None,
+            "eval_accuracy": correct / samples if samples else None, "eval_seconds": seconds}

@@ -1,0 +1,109 @@
+"""Records to one row per configuration: run-level throughput, memory, efficiency and the best mark."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.report.common import BASELINE, BASELINE_MATCH, GiB, KNOB, OWN_MATCH, SECTION, WORKLOAD
+
+def usable_records(src: Path, warn) -> list[dict]:
+    """Records that can be grouped and summarised; a malformed one is skipped with one warning."""
+    from bench import results
+
+    out = []
+    for rec in results.load(src, warn=warn):
+        try:
+            rec["_key"] = dict(zip(results.CONFIG_KEYS, results.config_key(rec)))
+            if not isinstance(rec["world_size"], int) or rec["world_size"] < 1:
+                raise ValueError(f"world_size {rec['world_size']!r}")
+            device_memory(rec)  # raises on malformed memory entries
+            if rec["status"] == "ok" and not window_throughputs(rec):
+                raise ValueError("status ok but no timed windows")
+            out.append(rec)
+        except Exception as e:  # noqa: BLE001 - whatever is malformed: skip this record, keep the report
+            warn(f"skipping {rec.get('_path')}: malformed record ({type(e).__name__}: {e})")
+    return out
+
+
+def window_throughputs(rec: dict) -> list[float]:
+    """Global img/s of each raw timed window (empty when the record has none)."""
+    from bench import stats
+
+    thr = stats.record_throughputs(rec)
+    return [] if thr is None else thr.tolist()
+
+
+def device_memory(rec: dict) -> list[dict]:
+    """Per-device peak memory in bytes, ordered by device index (empty on CPU)."""
+    mem = sorted(rec.get("memory") or [], key=lambda m: (m.get("device_index") is None, m.get("device_index")))
+    return [{"index": m.get("device_index", i), "reserved": m.get("peak_reserved_bytes"),
+             "allocated": m.get("peak_allocated_bytes"), "nvml": m.get("nvml_used_bytes"),
+             "warmup_reserved": m.get("warmup_peak_reserved_bytes")} for i, m in enumerate(mem)]
+
+
+def summarise(recs: list[dict]):
+    """One row per configuration: run-level throughput, memory, counts, then efficiency and the best mark."""
+    import pandas as pd
+    from bench import results, stats
+
+    df = pd.DataFrame([{**r["_key"], "_rec": r} for r in recs])
+    rows = []
+    for key, g in df.groupby(list(results.CONFIG_KEYS), sort=False, dropna=False):
+        group = sorted(g["_rec"], key=lambda r: str(r["run_id"]))
+        ok = [r for r in group if r["status"] == "ok"]
+        thr = stats.summarise_runs([stats.record_throughputs(r) for r in ok])
+        samples = [x for r in ok for x in window_throughputs(r)]
+        row = dict(zip(results.CONFIG_KEYS, key), runs_ok=len(ok), runs_not_ok=len(group) - len(ok),
+                   status="ok" if ok else group[-1]["status"], reason=None if ok else group[-1]["reason"],
+                   note="; ".join(sorted({r["note"] for r in group if r.get("note")})) or None,
+                   global_img_s=thr["median"], ci95_low_img_s=None, ci95_high_img_s=None, interval=thr["interval"],
+                   cv_runs_pct=None if thr["cv_runs"] is None else 100 * thr["cv_runs"],
+                   per_device_img_s=None if thr["median"] is None else thr["median"] / key[1])
+        if thr["ci95"]:
+            row.update(ci95_low_img_s=thr["ci95"][0], ci95_high_img_s=thr["ci95"][1])
+        dev = [device_memory(r) for r in ok]
+        peak = lambda field: max([m[field] for d in dev for m in d if m[field]], default=None)  # noqa: E731
+        rss = [b for r in ok for b in r.get("host_peak_rss_bytes") or [] if b]
+        # imbalance: reserved bytes over the GPUs; on CPU, host RSS over the ranks (the only measure there)
+        imb = [stats.imbalance([m["reserved"] for m in d] if d else r.get("host_peak_rss_bytes") or [])
+               for d, r in zip(dev, ok)]
+        gib = lambda b: b / GiB if b else None  # noqa: E731
+        row.update(peak_reserved_max_gib=gib(peak("reserved")), peak_allocated_max_gib=gib(peak("allocated")),
+                   warmup_peak_reserved_max_gib=gib(peak("warmup_reserved")), host_rss_max_gib=gib(max(rss, default=None)),
+                   memory_imbalance=max([x for x in imb if x is not None], default=None),
+                   skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples)
+        rows.append(row)
+    return nones(add_efficiency(nones(pd.DataFrame(rows))))
+
+
+def nones(df):
+    """Missing values as None, never NaN (NaN is truthy, and prints as "nan" where a cell must stay empty)."""
+    df = df.astype(object)
+    return df.where(df.notna(), None)
+
+
+def add_efficiency(s):
+    """Efficiency (%) against single@1 and against the backend's own world-size-1 run; None: no baseline.
+    The best mark goes to the highest median at each world size, per precision (fp16 is not ranked
+    against fp32)."""
+    rows = s.to_dict("records")
+    key = lambda r, keys: tuple(r[k] for k in keys)  # noqa: E731
+    at1 = [r for r in rows if r["world_size"] == 1 and r["global_img_s"]]
+    single = {(key(r, BASELINE_MATCH), r[KNOB]): r["global_img_s"] for r in at1 if r["backend"] == BASELINE}
+    own = {(key(r, OWN_MATCH), r[KNOB]): r["global_img_s"] for r in at1}
+
+    def base_of(r, table, keys):
+        for knob in dict.fromkeys((r[KNOB], True, None)):  # the same cuDNN setting, else the default
+            if (key(r, keys), knob) in table:
+                return table[(key(r, keys), knob)]
+        return None
+
+    for col, table, keys in (("eff_vs_single_pct", single, BASELINE_MATCH), ("eff_vs_own_ws1_pct", own, OWN_MATCH)):
+        bases = [base_of(r, table, keys) if r["global_img_s"] else None for r in rows]
+        s[col] = [100.0 * r["global_img_s"] / (r["world_size"] * b) if b else None for r, b in zip(rows, bases)]
+    best = {}
+    for i, r in enumerate(rows):
+        k = key(r, SECTION + WORKLOAD + ("world_size", "precision"))
+        if r["global_img_s"] and (k not in best or r["global_img_s"] > rows[best[k]]["global_img_s"]):
+            best[k] = i
+    s["best_at_world_size"] = [i in best.values() for i in range(len(rows))]
+    return s

@@ -1,0 +1,83 @@
+"""bench verify and the distributed evaluation: every backend against a single-process reference, injected
+faults caught by name, every evaluation sample counted exactly once."""
+import json
+
+import pytest
+
+from bench.evaluate import exact_shard
+from tests.conftest import bench
+
+# Small and quick: what matters is that the arithmetic is compared, not how long it trains.
+QUICK = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--steps", "6",
+         "--eval-samples", "37"]  # 37: not divisible by 2, so DistributedSampler pads
+
+
+def _summary(results):
+    [path] = sorted((results / "verify").glob("summary-*.json"))
+    return {(r["backend"], r["world_size"]): r for r in json.loads(path.read_text())["rows"]}
+
+
+@pytest.mark.horovod
+def test_distributed_backends_match_the_reference_bit_for_bit(tmp_path):
+    from tests.test_amp_horovod import _horovod_or_skip
+
+    _horovod_or_skip()
+    proc = bench("verify", "--backends", "ddp,ddp_spawn,horovod", "--gpus", 2, *QUICK, "--results", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _summary(tmp_path)
+    assert set(rows) == {("ddp", 2), ("ddp_spawn", 2), ("horovod", 2)}
+    for row in rows.values():
+        assert row["verdict"] == "pass", row
+        # 2 replicas: a + b = b + a, so the twin is bit-identical and so is every correct backend
+        assert row["rounding_noise"] == 0.0 and row["param_distance"] == 0.0 and row["max_abs_param_diff"] == 0.0
+        assert row["max_loss_deviation"] < 1e-5  # the loss as reported (a mean of the ranks' floats), not trained
+        assert row["eval_samples"] == 37  # every sample once, never the padded 38
+        assert row["reference"] == "single @ batch 4 as 2 micro-batches of 2 (BatchNorm per replica's share)"
+    assert "training equivalence" in proc.stdout and "not the same training as single at the global batch" in proc.stdout
+    assert not list((tmp_path / "verify" / "params").glob("*.npz"))  # parameters are deleted after comparing
+
+
+def test_injected_faults_fail_verify_naming_the_backend_and_the_deviation(tmp_path):
+    proc = bench("verify", "--backends", "ddp,ddp_spawn", "--gpus", 2, *QUICK, "--results", tmp_path,
+                 env={"BENCH_FAULT": "ddp/grad-scale@rank1,ddp_spawn/wrong-shard@rank1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("verify: FAIL")]
+    assert len(lines) == 2, proc.stderr
+    # doubled gradients on rank 1: identical replicas, wrong update; the loss moves from step 2 on
+    assert lines[0].startswith("verify: FAIL ddp x2 fp32: loss deviates from the reference by ")
+    assert " at step 2 (allowed 1e-05); final parameters are " in lines[0]
+    # rank 1 reads rank 0's share: the very first loss is already another batch's
+    assert lines[1].startswith("verify: FAIL ddp_spawn x2 fp32: loss deviates from the reference by ")
+    assert " at step 1 (allowed 1e-05)" in lines[1]
+    rows = _summary(tmp_path)
+    assert rows[("ddp", 2)]["param_distance"] > 0.1 and rows[("ddp_spawn", 2)]["param_distance"] > 0.1
+
+
+def test_verify_bad_input_is_one_line(tmp_path):
+    for args, message in ((["--backends", "nope"], "bench: error: unknown backend nope; choose from "),
+                          (["--steps", "0"], "bench: error: --steps must be a positive integer, got 0")):
+        proc = bench("verify", *args, "--device", "cpu", "--results", tmp_path)
+        assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("size", [1, 5, 37, 64, 250])
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_exact_shards_count_every_sample_once(size, world):
+    shards = [exact_shard(size, world, r) for r in range(world)]
+    flat = [i for s in shards for i in s]
+    assert sorted(flat) == list(range(size))  # no padding repeats, nothing lost
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_run_eval_records_exact_counts_inproc_and_distributed(results_dir):
+    from tests.conftest import TINY, records
+
+    proc = bench("run", "--backends", "single,ddp", "--gpus", "1,2", *TINY, "--eval", "--eval-samples", 37,
+                 "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {(r["backend"], r["world_size"]): r for r in records(results_dir)}
+    assert set(recs) == {("single", 1), ("ddp", 1), ("ddp", 2)}
+    for rec in recs.values():
+        assert rec["eval"] is True and rec["eval_samples"] == 37
+        assert rec["eval_loss"] > 0 and 0 <= rec["eval_accuracy"] <= 1 and rec["eval_throughput"] > 0
