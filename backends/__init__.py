@@ -16,6 +16,12 @@ REGISTRY: dict[str, dict] = {
     "ddp_spawn": {"cls": "backends.ddp:DDP", "launcher": "spawn"},
     "ddp_amp_syncbn": {"cls": "backends.ddp_amp_syncbn:DDPAmpSyncBN", "launcher": "torchrun"},
     "horovod": {"cls": "backends.horovod:Horovod", "launcher": "horovodrun"},
+    "fsdp2": {"cls": "backends.fsdp2:FSDP2", "launcher": "torchrun"},
+    "ds_zero1": {"cls": "backends.deepspeed_zero:DeepSpeedZero", "launcher": "torchrun", "stage": 1},
+    "ds_zero2": {"cls": "backends.deepspeed_zero:DeepSpeedZero", "launcher": "torchrun", "stage": 2},
+    "ds_zero3": {"cls": "backends.deepspeed_zero:DeepSpeedZero", "launcher": "torchrun", "stage": 3},
+    "ddp_zero": {"cls": "backends.ddp_zero:DDPZero", "launcher": "torchrun"},
+    "allreduce_manual": {"cls": "backends.allreduce_manual:AllReduceManual", "launcher": "torchrun"},
 }
 
 

@@ -12,6 +12,10 @@ from bench.config import MIN_WARMUP
 
 # fp16 needs a GradScaler (its gradients underflow); bf16 has fp32's range and needs none.
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# The one optimizer every backend trains with (DeepSpeed and ZeroRedundancyOptimizer wrap the same).
+SGD = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
+# Knobs every backend honours unless it says otherwise (``knobs``); the others are the backends' own.
+COMMON_KNOBS = frozenset({"channels_last", "compile"})
 
 
 class Backend:
@@ -23,6 +27,7 @@ class Backend:
     # horovod with plain BatchNorm do) or "global" (SyncBatchNorm: the whole global batch). bench verify
     # picks its reference by this.
     batchnorm = "local"
+    knobs = COMMON_KNOBS  # the cfg.options this backend honours; any other makes its run "skipped"
 
     def __init__(self, name: str, launcher: str, **params):
         self.name, self.launcher, self.params = name, launcher, params
@@ -33,6 +38,10 @@ class Backend:
         """Why this backend cannot run ``cfg`` on this machine (a reason and a fix), or None."""
         if cfg.precision == "fp16" and cfg.device_type == "cpu":
             return "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"
+        foreign = sorted(k for k, v in (cfg.options or {}).items() if k not in self.knobs and v not in (None, False))
+        if foreign:
+            return (f"{self.name} cannot honour {', '.join('--' + k.replace('_', '-') for k in foreign)} "
+                    f"(it honours: {', '.join(sorted('--' + k.replace('_', '-') for k in self.knobs)) or 'none'})")
         return None
 
     def note(self, cfg) -> str | None:
@@ -41,6 +50,8 @@ class Backend:
 
     def min_warmup(self, cfg) -> tuple[int, str]:
         """The fewest untimed steps that reach steady state for ``cfg``, and why."""
+        if (cfg.options or {}).get("compile"):
+            return MIN_WARMUP + 1, "torch.compile compiles at step 1 and may recompile at step 2"
         return MIN_WARMUP, ("step 1 pays lazy initialisation and cuDNN's algorithm search, and DDP rebuilds its "
                             "gradient buckets at step 2")
 
@@ -100,9 +111,10 @@ class Backend:
         ``self.model`` is what is called (possibly a wrapper); ``self.module`` is the bare model whose
         parameters the harness checksums.
         """
-        self.model = model
         self.module = unwrap(model)
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+        # Compiled after wrapping (DDP first, as the PyTorch docs prescribe); compilation happens in warm-up.
+        self.model = torch.compile(model) if (cfg.options or {}).get("compile") else model
+        self.optimizer = torch.optim.SGD(model.parameters(), **SGD)
         self.autocast_dtype = AUTOCAST_DTYPES.get(cfg.precision)
         self.device_type = cfg.device_type
         self.scaler = torch.amp.GradScaler(cfg.device_type) if cfg.precision == "fp16" else None
@@ -146,7 +158,10 @@ def build_model(cfg) -> torch.nn.Module:
     # Auxiliary classifiers would get no gradient from the main loss, which DDP rejects; benchmarks train
     # the main head only.
     extra = {"aux_logits": False} if cfg.model in ("googlenet", "inception_v3") else {}
-    return torchvision.models.get_model(cfg.model, weights=None, num_classes=1000, **extra)
+    model = torchvision.models.get_model(cfg.model, weights=None, num_classes=1000, **extra)
+    if (cfg.options or {}).get("channels_last"):  # NHWC; the harness feeds channels-last batches too
+        model = model.to(memory_format=torch.channels_last)
+    return model
 
 
 def device_for(cfg, local_index: int) -> torch.device:

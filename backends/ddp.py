@@ -3,21 +3,47 @@
 The same class runs under two launchers (the registry names them ``ddp`` and ``ddp_spawn``): torchrun and
 torch.multiprocessing.spawn. Both hand the rank over in the environment (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT), so setup reads it from there and never parses ``--local_rank``.
+
+DDP's knobs, each recorded in ``options`` (and so part of the configuration key):
+``ddp_bucket_mb`` (bucket_cap_mb, default 25), ``ddp_static_graph``, ``ddp_grad_as_bucket_view``,
+``ddp_find_unused`` (find_unused_parameters, which the source articles pass: it walks the autograd graph
+every step) and ``ddp_comm_hook`` (fp16 / bf16 compression of the all-reduce, or PowerSGD at
+``POWERSGD_RANK``, switched on after ``POWERSGD_START`` steps of plain all-reduce).
 """
 import os
 
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from backends.base import Backend, build_model, device_for
+from backends.base import COMMON_KNOBS, Backend, build_model, device_for
+
+DDP_KNOBS = frozenset({"ddp_bucket_mb", "ddp_static_graph", "ddp_grad_as_bucket_view", "ddp_find_unused",
+                       "ddp_comm_hook"})
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+POWERSGD_RANK, POWERSGD_START = 2, 2
 
 
 class DDP(Backend):
+    knobs = COMMON_KNOBS | DDP_KNOBS
+
+    def min_warmup(self, cfg):
+        least, why = super().min_warmup(cfg)
+        if (cfg.options or {}).get("ddp_comm_hook") == "powersgd":
+            return max(least, POWERSGD_START + 2), (f"PowerSGD runs plain all-reduce for its first {POWERSGD_START} "
+                                                    "steps and compresses from then on")
+        return least, why
+
     def setup(self, cfg):
         self.init_process_group(cfg)
         model = self.prepare_model(cfg, build_model(cfg).to(self.device))
-        ids = [self.local_rank] if cfg.device_type == "cuda" else None
-        self.init_training(cfg, DistributedDataParallel(model, device_ids=ids), cfg.batch_size)
+        o = cfg.options or {}
+        ddp = DistributedDataParallel(
+            model, device_ids=[self.local_rank] if cfg.device_type == "cuda" else None,
+            bucket_cap_mb=o.get("ddp_bucket_mb"), static_graph=bool(o.get("ddp_static_graph")),
+            gradient_as_bucket_view=bool(o.get("ddp_grad_as_bucket_view")),
+            find_unused_parameters=bool(o.get("ddp_find_unused")))
+        register_comm_hook(ddp, o.get("ddp_comm_hook"))
+        self.init_training(cfg, ddp, cfg.batch_size)
 
     def prepare_model(self, cfg, model):
         """Hook for subclasses (SyncBatchNorm conversion) before the DDP wrapper."""
@@ -48,3 +74,21 @@ class DDP(Backend):
     def teardown(self):
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def register_comm_hook(ddp: DistributedDataParallel, hook: str | None) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if hook in (None, "none"):
+        return
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
+                                            start_powerSGD_iter=POWERSGD_START)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        raise ValueError(f"unknown DDP comm hook {hook!r}; choose from {', '.join(COMM_HOOKS)}")
+

@@ -14,6 +14,7 @@ Horovod is built by the project (make horovod); everything that can be wrong wit
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,9 @@ def build_info() -> dict | None:
 
 
 class Horovod(Backend):
+    # compile is not offered: DistributedOptimizer hooks each parameter's gradient accumulator
+    knobs = frozenset({"channels_last", "compression", "hvd_fusion_mb", "hvd_cycle_ms"})
+
     def unavailable(self, cfg):
         reason = problem()
         if reason:
@@ -85,6 +89,11 @@ class Horovod(Backend):
         import horovod.torch as hvd
 
         self.hvd = hvd
+        o = cfg.options or {}
+        if o.get("hvd_fusion_mb") is not None:  # read by hvd.init(): set before it
+            os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(o["hvd_fusion_mb"] * 2 ** 20))
+        if o.get("hvd_cycle_ms") is not None:
+            os.environ["HOROVOD_CYCLE_TIME"] = str(o["hvd_cycle_ms"])
         hvd.init()
         self.rank, self.world_size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.device = device_for(cfg, self.local_rank)

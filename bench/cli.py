@@ -109,6 +109,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     if args.repeat is not None and args.repeat < 1:
         raise UsageError(f"--repeat must be a positive integer, got {args.repeat}")
     cudnn = None if args.cudnn_benchmark is None else ON_OFF[args.cudnn_benchmark]
+    check_knobs(args)
     configs, notes = [], []
 
     def add(name, n, precision, cudnn_benchmark, note=None):
@@ -170,10 +171,28 @@ def interleave(configs: list[RunConfig], repeats: int) -> list[RunConfig]:
     return [dataclasses.replace(c, repeat_index=r, repeats=repeats) for r in range(1, repeats + 1) for c in configs]
 
 
+KNOBS = ("ddp_bucket_mb", "ddp_static_graph", "ddp_grad_as_bucket_view", "ddp_find_unused", "ddp_comm_hook",
+         "hvd_fusion_mb", "hvd_cycle_ms", "channels_last", "compile")
+
+
 def backend_options(name: str, args) -> dict:
-    if name == "horovod":
-        return {"compression": args.hvd_compression}
-    return {}
+    """The knobs a run records in ``options`` (and so in its configuration key): every knob given on the command
+    line, whichever backend; a backend that cannot honour one is skipped with the reason, never silently run
+    without it. Horovod's compression is always recorded (none or fp16)."""
+    options = {"compression": args.hvd_compression} if name == "horovod" else {}
+    for knob in KNOBS:
+        value = getattr(args, knob, None)
+        if value not in (None, False, "none"):
+            options[knob] = value
+    return options
+
+
+def check_knobs(args) -> None:
+    for knob, low in (("ddp_bucket_mb", 0), ("hvd_fusion_mb", -1), ("hvd_cycle_ms", 0)):
+        value = getattr(args, knob, None)
+        if value is not None and not value > low:
+            bound = "a non-negative number" if low < 0 else "a positive number"
+            raise UsageError(f"--{knob.replace('_', '-')} must be {bound}, got {value:g}")
 
 
 def _pick(value, default):
@@ -189,6 +208,8 @@ def cmd_run(args) -> int:
     configs, notes = plan(args)
     if not configs:
         raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
+    if args.find_max_batch:
+        return find_max_batch(args, configs, notes)
     configs = interleave(configs, args.repeat or 1)
     results_dir = Path(args.results)
     check_writable(results_dir)
@@ -216,6 +237,26 @@ def cmd_run(args) -> int:
     summary.print_table(records)
     # A run whose replicas diverged measured something other than data-parallel training: fail like a crash.
     return 1 if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records) else 0
+
+
+def find_max_batch(args, configs, notes) -> int:
+    from bench import maxbatch, results
+
+    device = configs[0].device_type
+    cap = args.max_batch or (4096 if device == "cuda" else 256)
+    if cap < 1:
+        raise UsageError(f"--max-batch must be a positive integer, got {cap}")
+    if args.memory_limit_gib is not None and (device == "cuda" or args.memory_limit_gib <= 0):
+        raise UsageError(f"--memory-limit-gib {args.memory_limit_gib:g}: a positive number of GiB, for CPU runs only "
+                         "(on GPUs the device's memory is the limit)")
+    results_dir = Path(args.results)
+    check_writable(results_dir)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    env_meta = results.collect_env(horovod=_horovod_info(configs))
+    rows = maxbatch.run([c for c in configs if c.cudnn_benchmark is not False], results_dir, env_meta, cap,
+                        args.memory_limit_gib, lambda line: print(line, flush=True))
+    return 1 if any(r["error"] for r in rows) else 0
 
 
 def _not_yet_done(configs, results_dir, env_meta):
@@ -336,6 +377,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.backends.cudnn.benchmark on CUDA (default on; make bench also runs dp with it off)")
     r.add_argument("--hvd-compression", default="none", choices=("none", "fp16"),
                    help="horovod gradient compression (default none: like-for-like with fp32 DDP)")
+    k = r.add_argument_group("knobs (recorded in options; a backend that cannot honour one is skipped with the reason)")
+    k.add_argument("--ddp-bucket-mb", type=float, help="DDP bucket_cap_mb (default 25)")
+    k.add_argument("--ddp-static-graph", action="store_true", help="DDP static_graph=True")
+    k.add_argument("--ddp-grad-as-bucket-view", action="store_true", help="DDP gradient_as_bucket_view=True")
+    k.add_argument("--ddp-find-unused", action="store_true",
+                   help="DDP find_unused_parameters=True (what the source articles pass; costs a graph walk per step)")
+    k.add_argument("--ddp-comm-hook", choices=("none", "fp16", "bf16", "powersgd"),
+                   help="DDP communication hook: fp16/bf16 compression, or PowerSGD (rank 2, after 2 plain steps)")
+    k.add_argument("--hvd-fusion-mb", type=float, help="Horovod tensor fusion threshold, MiB (HOROVOD_FUSION_THRESHOLD)")
+    k.add_argument("--hvd-cycle-ms", type=float, help="Horovod cycle time, ms (HOROVOD_CYCLE_TIME)")
+    k.add_argument("--channels-last", action="store_true", help="NHWC model and inputs (torch.channels_last)")
+    k.add_argument("--compile", action="store_true",
+                   help="torch.compile the (wrapped) model; compiles in warm-up, its time recorded as compile_seconds")
     r.add_argument("--data", default="synthetic", help="synthetic (a fixed batch on the device) | imagenet")
     r.add_argument("--data-dir", help="ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)")
     r.add_argument("--workers", type=int, help="DataLoader processes per device, for every backend (dp's one process "
@@ -344,6 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the timed windows, evaluate the distributed way (DistributedSampler shards, all-reduced "
                         "sums): eval_loss, eval_accuracy, eval_throughput")
     r.add_argument("--eval-samples", type=int, help="size of the synthetic evaluation set (default 300; real data: val/)")
+    r.add_argument("--find-max-batch", action="store_true",
+                   help="instead of timing, find each backend's largest per-device batch that fits (bounded search "
+                        "of short isolated runs; records in RESULTS/maxbatch)")
+    r.add_argument("--max-batch", type=int, help="--find-max-batch: the search's cap (default 4096 on GPU, 256 on CPU)")
+    r.add_argument("--memory-limit-gib", type=float,
+                   help="CPU only: give each rank a heap budget of this many GiB (the CPU stand-in for GPU memory)")
     r.add_argument("--resume", action="store_true",
                    help="skip configurations that already have an ok record in the results directory")
     r.add_argument("--results", default="results/raw", help="directory for the records (default results/raw)")

@@ -115,8 +115,9 @@ def imagenet_loader(data_dir: str, image_size: int, batch: int, workers: int, ra
 class TimedBatches:
     """Endless ``(inputs, targets)`` on ``device`` over epochs (``set_epoch`` each time), timing each wait."""
 
-    def __init__(self, loader, device):
+    def __init__(self, loader, device, channels_last: bool = False):
         self.loader, self.device = loader, device
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.wait_seconds, self.skipped, self.epoch = 0.0, 0, 0
         self._it = self._batches()
 
@@ -127,7 +128,8 @@ class TimedBatches:
                 self.loader.sampler.set_epoch(self.epoch)  # a different order every epoch, the same on every rank
             for images, targets, skipped in self.loader:
                 self.skipped += int(skipped.sum())
-                yield images.to(self.device, non_blocking=non_blocking), targets.to(self.device, non_blocking=non_blocking)
+                images = images.to(self.device, non_blocking=non_blocking, memory_format=self.memory_format)
+                yield images, targets.to(self.device, non_blocking=non_blocking)
             self.epoch += 1
 
     def __iter__(self):
@@ -140,11 +142,13 @@ class TimedBatches:
         return batch
 
 
-def synthetic(batch: int, image_size: int, device: torch.device, rank: int):
+def synthetic(batch: int, image_size: int, device: torch.device, rank: int, channels_last: bool = False):
     """A fixed random batch already on the device, returned forever (as Horovod's synthetic benchmark does).
     Different on every rank, as real data would be; the same on every run."""
     gen = torch.Generator().manual_seed(1000 + rank)
     inputs = torch.randn(batch, 3, image_size, image_size, generator=gen).to(device)
+    if channels_last:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
     targets = torch.randint(0, 1000, (batch,), generator=gen).to(device)
     return itertools.repeat((inputs, targets))
 
@@ -156,14 +160,15 @@ def shard_rank(backend) -> int:
 
 def batches_for(cfg, backend):
     """The iterator a backend trains from, fed ``backend.feed_batch`` samples per step on ``backend.data_device``."""
+    channels_last = bool((cfg.options or {}).get("channels_last"))
     if cfg.data == "synthetic":
-        return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, shard_rank(backend))
+        return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, shard_rank(backend), channels_last)
     feeds = cfg.world_size if backend.launcher == "inproc" else 1  # dp feeds every GPU from one process
     backend.loader_workers = loader_workers(cfg, feeds)
     loader = imagenet_loader(cfg.data_dir, cfg.image_size, backend.feed_batch, backend.loader_workers, shard_rank(backend),
                              backend.world_size, distributed=backend.launcher != "inproc",
                              pin_memory=cfg.device_type == "cuda", seed=cfg.seed)
-    return TimedBatches(loader, backend.data_device)
+    return TimedBatches(loader, backend.data_device, channels_last)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def threads_per_rank(cfg: RunConfig) -> int:
 
 def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_env: dict | None = None,
             run_id: str | None = None, extra_spec: dict | None = None, timeout: float | None = None,
-            threads: int | None = None) -> dict:
+            threads: int | None = None, memory_limit_gib: float | None = None) -> dict:
     """Run one configuration to completion and return its record (also saved under ``results_dir``).
     ``extra_spec`` reaches the worker in its spec (``{"task": "verify", ...}`` runs bench verify's rank code)."""
     run_id = run_id or results.new_run_id(cfg.backend, cfg.world_size)
@@ -95,7 +95,8 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
     for attempt in range(1, PORT_RETRIES + 1):
         port = int(first_port) if first_port and attempt == 1 else free_port()
         spec = {"config": cfg.to_dict(), "run_id": run_id, "results_dir": str(results_dir), "env": record["env"],
-                "master_port": port, "threads_per_rank": threads, **(extra_spec or {})}
+                "master_port": port, "threads_per_rank": threads, "memory_limit_gib": memory_limit_gib,
+                **(extra_spec or {})}
         spec_path.write_text(json.dumps(spec))
         start = log_path.stat().st_size if log_path.exists() else 0
         rc, timed_out = _run_group(command(cfg.launcher, cfg.world_size, str(spec_path)), child_env, log_path, timeout)
@@ -118,10 +119,12 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
     """One line saying why a run left no record, from its exit status and everything its ranks printed."""
     if timed_out:
         return f"timeout after {timeout:.0f} s (log: {log_path})"
-    oom = next((line for line in output.splitlines() if line.startswith(OOM_MARKER)), None)
+    oom = next((line[len(OOM_MARKER):].strip() for line in output.splitlines() if line.startswith(OOM_MARKER)), None)
+    if oom is None and "std::bad_alloc" in output:  # an allocation failed in C++ (gloo, a library), not in torch
+        oom = "std::bad_alloc"
     if oom:
         return (f"out of memory: batch {cfg.batch_size} per device ({cfg.global_batch} global), "
-                f"{cfg.model} at {cfg.image_size} px, {cfg.precision}: {oom[len(OOM_MARKER):].strip()}")
+                f"{cfg.model} at {cfg.image_size} px, {cfg.precision}: {oom}")
     how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
     who = _failed_rank(output)
     first = _first_error(output)

@@ -32,6 +32,7 @@ OOM_EXIT = 3
 
 def run(spec: dict) -> None:
     cfg = RunConfig.from_dict(spec["config"])
+    limit_memory(spec.get("memory_limit_gib"))
     fault = Fault.parse(os.environ.get("BENCH_FAULT"))
     # Each rank gets its share of the cores, whatever the launcher; oversubscribed threads measure contention.
     torch.set_num_threads(spec["threads_per_rank"])
@@ -51,8 +52,12 @@ def run(spec: dict) -> None:
                 torch.cuda.synchronize(d)
 
     scale0 = backend.loss_scale()
-    backend.train(cfg.warmup)
-    sync()
+    warmup_seconds = []  # each warm-up step on its own (synchronised, untimed): where compilation shows
+    for _ in range(cfg.warmup):
+        t0 = time.perf_counter()
+        backend.train(1)
+        sync()
+        warmup_seconds.append(time.perf_counter() - t0)
     # Warm-up peaks hold one-time work (cuDNN's search workspaces, DDP's bucket rebuild, lazy init). Keep them
     # as their own fields, release the allocator's cached blocks, reset the peaks, and run one untimed settle
     # step that re-reserves what a steady step needs, so the windows neither pay for re-reserving nor see
@@ -96,6 +101,7 @@ def run(spec: dict) -> None:
         "warmup_skipped_steps": skips(scale0, scale_after_warmup) if scale0 is not None else None,
         "backend_info": backend.describe(),
         "loader_workers": getattr(backend, "loader_workers", None),
+        "warmup_step_seconds": warmup_seconds,
     }
     gathered = backend.all_gather(mine)
     if backend.rank == 0:
@@ -127,6 +133,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
     memory = sorted((m for r in per_rank for m in r["memory"]), key=lambda m: m["device_index"])
     checksums = {r["param_sha256"] for r in per_rank}
     skipped = [r.get("skipped_steps") for r in per_rank]
+    warm = [max(s) for s in zip(*(r.get("warmup_step_seconds") or [] for r in per_rank))]  # slowest rank per step
     record.update(
         status="ok",
         window_seconds=windows,
@@ -145,6 +152,8 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         warmup_skipped_steps=max(r.get("warmup_skipped_steps") or 0 for r in per_rank)
         if skipped[0] is not None else None,
         settle_steps=SETTLE_STEPS,
+        warmup_step_seconds=warm,
+        compile_seconds=compile_seconds(warm) if (cfg.options or {}).get("compile") and warm else None,
         backend_info=per_rank[0].get("backend_info"),
         **eval_fields(per_rank),
         loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
@@ -152,6 +161,12 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         finished_at=results.utc_now(),
     )
     return record
+
+
+def compile_seconds(warmup_seconds: list[float]) -> float:
+    """torch.compile's cost, estimated from warm-up: what each warm-up step took beyond the last (steady) one.
+    Never inside a timed window: the minimum warm-up with --compile is 3 steps."""
+    return sum(max(0.0, t - warmup_seconds[-1]) for t in warmup_seconds[:-1])
 
 
 def eval_fields(per_rank: list[dict]) -> dict:
@@ -224,6 +239,21 @@ def param_checksum(named_parameters) -> str:
     return h.hexdigest()
 
 
+def limit_memory(gib: float | None) -> None:
+    """--memory-limit-gib (CPU): this rank's heap may grow by ``gib`` beyond its size now (RLIMIT_DATA), the CPU
+    stand-in for a GPU's memory; a larger allocation then fails as a GPU's would."""
+    if not gib:
+        return
+    for line in open("/proc/self/status"):
+        if line.startswith("VmData:"):
+            limit = int(line.split()[1]) * 1024 + int(gib * 2 ** 30)
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e)
+
+
 def _spawned(index: int, spec: dict, nprocs: int) -> None:
     # torch.multiprocessing.spawn passes the index; give DDP the same environment torchrun would.
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs),
@@ -239,8 +269,10 @@ def _guarded(spec: dict) -> None:
             verify_worker.run_rank(spec)
         else:
             run(spec)
-    except torch.cuda.OutOfMemoryError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "CUDA out of memory"
+    except Exception as e:  # noqa: BLE001 - only out-of-memory is handled here; anything else propagates
+        if not _is_oom(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
         print(f"{OOM_MARKER} {first}", file=sys.stderr, flush=True)
         os._exit(OOM_EXIT)  # exit at once: other ranks are waiting on a collective that will never come
 

@@ -1,0 +1,37 @@
+"""allreduce_manual: data parallelism written by hand, as the d2l chapter does.
+
+No DDP wrapper: after ``backward()`` every parameter's gradient is all-reduced on its own and divided by the
+world size, then the optimizer steps. No buckets and no overlap with the backward pass: the difference from
+``ddp`` is what DDP's bucketing and overlap buy. The model starts identical on every rank (one seed) and is
+broadcast from rank 0 anyway, as a hand-written version must.
+"""
+import torch.distributed as dist
+
+from backends.base import COMMON_KNOBS, build_model
+from backends.ddp import DDP
+
+
+class AllReduceManual(DDP):
+    knobs = COMMON_KNOBS
+
+    def setup(self, cfg):
+        self.init_process_group(cfg)
+        model = build_model(cfg).to(self.device)
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+        self.init_training(cfg, model, cfg.batch_size)
+
+    def step(self):
+        loss = self.forward_loss()
+        self.optimizer.zero_grad()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        for p in self.module.parameters():  # one all-reduce per tensor, after the whole backward pass
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                p.grad.div_(self.world_size)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        return loss.detach()

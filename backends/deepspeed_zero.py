@@ -1,0 +1,104 @@
+"""ds_zero1, ds_zero2, ds_zero3: DeepSpeed ZeRO stages 1-3 through ``deepspeed.initialize``, under torchrun
+(DeepSpeed reads the torchrun environment; the process group is ours, NCCL or gloo).
+
+Stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the parameters (gathered per
+layer for forward and backward). The config is built from the run: micro-batch = the per-device batch,
+gradient accumulation 1, ``train_batch_size`` = micro-batch x world size (DeepSpeed asserts the product), the
+suite's SGD (``zero_allow_untested_optimizer``), no gradient clipping (DeepSpeed's default clips the norm to
+1.0, which no other backend does), and fp16 / bf16 through DeepSpeed's own sections. Those cast
+the whole model, BatchNorm included, to the half type and keep fp32 master weights in the optimizer: this is
+DeepSpeed's mixed precision, not autocast. On CPU, ``DS_ACCELERATOR=cpu``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+
+from backends.base import SGD, build_model
+from backends.ddp import DDP
+
+INSTALL = "pip install deepspeed (make install does)"
+
+
+def problem() -> str | None:
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a missing or broken install is a skip reason, never a crash
+        return f"deepspeed does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {INSTALL}"
+    return None
+
+
+class DeepSpeedZero(DDP):
+    knobs = frozenset({"channels_last"})  # DeepSpeed compiles through its own engine.compile(), not offered here
+
+    def __init__(self, name, launcher, stage: int):
+        super().__init__(name, launcher)
+        self.stage = stage
+
+    def unavailable(self, cfg):
+        if cfg.device_type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
+        return problem() or super().unavailable(cfg)
+
+    def setup(self, cfg):
+        if cfg.device_type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        deepspeed.utils.logger.setLevel(logging.WARNING)  # the harness prints; DeepSpeed's INFO lines go nowhere
+        self.init_process_group(cfg)
+        model = build_model(cfg).to(self.device)
+        config = {
+            "train_batch_size": cfg.batch_size * self.world_size,
+            "train_micro_batch_size_per_gpu": cfg.batch_size,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": self.stage},
+            "zero_allow_untested_optimizer": True,
+            # DeepSpeed 0.19 clips the gradient norm to 1.0 unless told otherwise (GRADIENT_CLIPPING_DEFAULT):
+            # no other backend clips, and with it DeepSpeed trained a different model (bench verify found it)
+            "gradient_clipping": 0.0,
+            "fp16": {"enabled": cfg.precision == "fp16", "initial_scale_power": 16},
+            "bf16": {"enabled": cfg.precision == "bf16"},
+            "steps_per_print": 2 ** 31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), **SGD),
+                                                       config=config, dist_init_required=False)
+        self.engine = self.model = engine
+        self.module, self.optimizer = engine.module, optimizer
+        self.autocast_dtype, self.scaler = None, None  # DeepSpeed casts the model and scales the loss itself
+        self.device_type, self.feed_batch, self.data_device = cfg.device_type, cfg.batch_size, self.device
+        self.input_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision, torch.float32)
+
+    def forward_loss(self):
+        inputs, targets = next(self.batches)
+        return F.cross_entropy(self.engine(inputs.to(self.input_dtype)).float(), targets)
+
+    def step(self):
+        loss = self.forward_loss()
+        self.engine.backward(loss)
+        self.engine.step()  # optimizer step and zero_grad
+        return loss.detach()
+
+    def loss_scale(self):
+        return float(self.optimizer.cur_scale) if getattr(self.engine, "fp16_enabled", lambda: False)() else None
+
+    def describe(self):
+        info = super().describe()
+        info.update(zero_stage=self.stage, param_dtype=str(next(self.module.parameters()).dtype).removeprefix("torch."),
+                    grad_scaler=self.loss_scale() is not None)
+        return info
+
+    def full_parameters(self):
+        """Whole parameters: under ZeRO-3 each rank holds a partition, gathered here (a collective, in order)."""
+        if self.stage < 3:
+            yield from self.module.named_parameters()
+            return
+        import deepspeed
+
+        for name, p in self.module.named_parameters():
+            with deepspeed.zero.GatheredParameters([p]):
+                yield name, p.detach().clone()
