@@ -26,6 +26,12 @@ POWERSGD_RANK, POWERSGD_START = 2, 2
 class DDP(Backend):
     knobs = COMMON_KNOBS | DDP_KNOBS
 
+    def unavailable(self, cfg):
+        if (cfg.options or {}).get("ddp_comm_hook") == "powersgd" and cfg.device_type == "cpu":
+            return ("the PowerSGD hook needs NCCL: over gloo its all-reduces of P and Q mismatch between ranks "
+                    "(PyTorch tests it on NCCL only, pytorch/pytorch#58467); run it on CUDA")
+        return super().unavailable(cfg)
+
     def min_warmup(self, cfg):
         least, why = super().min_warmup(cfg)
         if (cfg.options or {}).get("ddp_comm_hook") == "powersgd":
@@ -43,7 +49,17 @@ class DDP(Backend):
             gradient_as_bucket_view=bool(o.get("ddp_grad_as_bucket_view")),
             find_unused_parameters=bool(o.get("ddp_find_unused")))
         register_comm_hook(ddp, o.get("ddp_comm_hook"))
+        self.ddp, self.comm_hook = ddp, o.get("ddp_comm_hook") or "none"
         self.init_training(cfg, ddp, cfg.batch_size)
+
+    def describe(self):
+        info = super().describe()
+        ddp = getattr(self, "ddp", None)
+        if ddp is not None:  # what DDP was really built with, read back from it
+            info.update(bucket_cap_mb=ddp.bucket_bytes_cap / 2 ** 20, static_graph=ddp.static_graph,
+                        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+                        find_unused_parameters=ddp.find_unused_parameters, comm_hook=self.comm_hook)
+        return info
 
     def prepare_model(self, cfg, model):
         """Hook for subclasses (SyncBatchNorm conversion) before the DDP wrapper."""

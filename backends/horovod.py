@@ -117,6 +117,12 @@ class Horovod(Backend):
         self.scaler.update()
         return loss.detach()
 
+    def describe(self):
+        info = super().describe()
+        info.update(fusion_threshold_bytes=os.environ.get("HOROVOD_FUSION_THRESHOLD"),
+                    cycle_time_ms=os.environ.get("HOROVOD_CYCLE_TIME"))
+        return info
+
     def all_gather(self, obj):
         return self.hvd.allgather_object(obj)
 

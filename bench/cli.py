@@ -243,7 +243,7 @@ def find_max_batch(args, configs, notes) -> int:
     from bench import maxbatch, results
 
     device = configs[0].device_type
-    cap = args.max_batch or (4096 if device == "cuda" else 256)
+    cap = args.max_batch if args.max_batch is not None else (4096 if device == "cuda" else 256)
     if cap < 1:
         raise UsageError(f"--max-batch must be a positive integer, got {cap}")
     if args.memory_limit_gib is not None and (device == "cuda" or args.memory_limit_gib <= 0):
@@ -318,6 +318,7 @@ def cmd_loader(args) -> int:
 
 def cmd_list(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     device_type, present = detect_device(args.device)
@@ -342,7 +343,7 @@ def cmd_list(args) -> int:
             runs, detail = "1 device only", why[2]
         else:
             runs, detail = "yes", backend.note(cfg) or ""
-        table.add_row(name, backend.launcher, runs, detail)
+        table.add_row(name, backend.launcher, runs, escape(detail))
     Console(width=160).print(table)
     return 0
 

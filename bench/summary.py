@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -28,5 +29,5 @@ def print_table(records: list[dict], console: Console | None = None) -> None:
         if ok and r.get("replicas_consistent") is False:
             status = "ok, but replicas DIFFER after training"
         table.add_row(r["backend"], str(r["world_size"]), f"{r['throughput']:.1f}" if ok else "-",
-                      f"{r['per_device_throughput']:.1f}" if ok else "-", r["precision"], status)
+                      f"{r['per_device_throughput']:.1f}" if ok else "-", r["precision"], escape(status))
     (console or Console(width=160)).print(table)

@@ -263,6 +263,7 @@ def _load(path: str) -> dict:
 
 def print_table(rows: list[dict]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="bench verify: training equivalence")
@@ -274,7 +275,7 @@ def print_table(rows: list[dict]) -> None:
         verdict = {SKIPPED: f"skipped: {r['why']}", FAIL: f"FAIL: {r['why']}"}.get(r["verdict"], r["verdict"])
         table.add_row(r["backend"], str(r["world_size"]), r["precision"], fmt(r["max_loss_deviation"]),
                       fmt(r["param_distance"]), fmt(r["rounding_noise"]),
-                      "-" if r["eval_samples"] is None else str(r["eval_samples"]), verdict)
+                      "-" if r["eval_samples"] is None else str(r["eval_samples"]), escape(verdict))
     Console(width=160).print(table)
     for note in dict.fromkeys(f"{r['backend']} x{r['world_size']}: {r['note']}" for r in rows if r["note"]):
         print(f"note: {note}")

@@ -242,16 +242,24 @@ def param_checksum(named_parameters) -> str:
 def limit_memory(gib: float | None) -> None:
     """--memory-limit-gib (CPU): this rank's heap may grow by ``gib`` beyond its size now (RLIMIT_DATA), the CPU
     stand-in for a GPU's memory; a larger allocation then fails as a GPU's would."""
+    global _MEMORY_LIMITED
     if not gib:
         return
+    _MEMORY_LIMITED = True
     for line in open("/proc/self/status"):
         if line.startswith("VmData:"):
             limit = int(line.split()[1]) * 1024 + int(gib * 2 ** 30)
             resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
+_MEMORY_LIMITED = False
+
+
 def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e)
+    if isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e):
+        return True
+    # Under a heap budget oneDNN reports its failed scratchpad allocation only as this (CPU convolutions).
+    return _MEMORY_LIMITED and "could not execute a primitive" in str(e)
 
 
 def _spawned(index: int, spec: dict, nprocs: int) -> None:

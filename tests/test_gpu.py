@@ -148,3 +148,45 @@ def test_horovod_nccl_on_two_gpus(results_dir):
     [rec] = records(results_dir)
     assert rec["status"] == "ok", rec["reason"]
     assert rec["replicas_consistent"] is True and "NCCL" in rec["env"]["horovod"]["tensor_operations"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The backends people choose between today, on one GPU
+
+NEW = ("fsdp2", "ds_zero1", "ds_zero2", "ds_zero3", "ddp_zero", "allreduce_manual")
+
+
+@one_gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_new_backends_in_mixed_precision_on_one_gpu(results_dir, precision):
+    proc = bench("run", "--backends", ",".join(NEW), "--gpus", 1, *GPU_RUN, "--precision", precision,
+                 "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {r["backend"]: r for r in records(results_dir)}
+    assert set(recs) == set(NEW)
+    half = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+    for name, rec in recs.items():
+        assert rec["status"] == "ok", (name, rec["reason"])
+        assert rec["backend_info"]["process_group"] == "nccl"
+        assert rec["backend_info"]["grad_scaler"] is (precision == "fp16"), name
+        assert (rec["skipped_steps"] is not None) is (precision == "fp16"), name
+    assert recs["fsdp2"]["backend_info"]["param_dtype"] == half  # MixedPrecisionPolicy, BatchNorm kept in fp32
+    for stage in (1, 2, 3):
+        assert recs[f"ds_zero{stage}"]["backend_info"]["param_dtype"] == half  # DeepSpeed's own fp16/bf16 section
+
+
+@one_gpu
+def test_powersgd_and_compression_hooks_run_on_nccl(results_dir):
+    for hook in ("powersgd", "fp16"):
+        proc = bench("run", "--backends", "ddp", "--gpus", 1, *GPU_RUN, "--warmup", 4, "--ddp-comm-hook", hook,
+                     "--results", results_dir / hook)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        [rec] = records(results_dir / hook)
+        assert rec["status"] == "ok" and rec["backend_info"]["comm_hook"] == hook
+
+
+@one_gpu
+def test_every_backend_passes_verify_on_one_gpu(tmp_path):
+    proc = bench("verify", "--gpus", 1, "--device", "cuda", "--steps", 8, "--results", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout

@@ -259,3 +259,34 @@ def test_importing_the_module_stays_light():
     """cli.py imports bench.report for every command: pandas and matplotlib load only when a report is made."""
     code = "import sys, bench.report\nassert not {'pandas', 'matplotlib'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+def test_memory_headroom_and_training_equivalence_sections(tmp_path, capsys):
+    raw = write(tmp_path, make("ddp", 2, 180.0, reserved=[10 * GiB] * 2), make("fsdp2", 2, 150.0, reserved=[6 * GiB] * 2))
+    (raw / "maxbatch").mkdir()
+    probes = [{"batch": b, "result": r} for b, r in ((64, "fits"), (128, "out of memory"), (96, "fits"))]
+    (raw / "maxbatch" / "summary-1.json").write_text(json.dumps({
+        "schema": 1, "kind": "maxbatch", "created_at": "2026-01-02T00:00:00+00:00", "cap": 4096,
+        "memory_limit_gib": None, "rows": [
+            {"backend": "ddp", "world_size": 2, "precision": "fp32", "options": {}, "max_batch": 96, "capped": False,
+             "error": None, "probes": probes},
+            {"backend": "fsdp2", "world_size": 2, "precision": "fp32", "options": {}, "max_batch": 4096,
+             "capped": True, "error": None, "probes": probes}]}))
+    (raw / "verify").mkdir()
+    row = {"backend": "ddp", "world_size": 2, "precision": "fp32", "reference": "single @ batch 128 as 2 micro-batches",
+           "max_loss_deviation": 0.0, "param_distance": 0.0, "max_abs_param_diff": 0.0, "rounding_noise": 0.0,
+           "eval_samples": 37, "eval_accuracy": 0.0, "verdict": "pass", "why": None, "note": "per replica"}
+    (raw / "verify" / "summary-1.json").write_text(json.dumps({
+        "schema": 1, "kind": "verify", "created_at": "2026-01-03T00:00:00+00:00", "noise_factor": 10,
+        "settings": {"model": "resnet18", "image_size": 32, "batch_size": 4, "steps": 20, "device_type": "cpu"},
+        "rows": [row, {**row, "backend": "fsdp2", "verdict": "FAIL", "param_distance": 0.4,
+                       "why": "final parameters are 0.4 of the reference's update away from it"}]}))
+    code, _ = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    head = md.split("## Memory headroom")[1]
+    assert "| ddp | 2 | fp32 | 96 | 10.00 GiB reserved at batch 64 | 3 |" in head
+    assert "| fsdp2 | 2 | fp32 | >= 4096 (the cap; nothing ran out of memory) | 6.00 GiB reserved at batch 64 | 3 |" in head
+    eq = md.split("## Training equivalence (bench verify)")[1]
+    assert "**1 FAILED.**" in eq and "| ddp | 2 | fp32 | single @ batch 128 as 2 micro-batches | 0.00e+00 |" in eq
+    assert "| FAIL: final parameters are 0.4 of the reference's update away from it |" in eq

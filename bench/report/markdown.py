@@ -9,6 +9,7 @@ from bench.report.common import (BASELINE, CPU_CAVEAT, GiB, KNOB, SECTION, STAR,
                                  label, md_table, slug, sort_rows)
 from bench.report.equivalence import eval_table
 from bench.report.equivalence import section as equivalence_section
+from bench.report.headroom import section as headroom_section
 from bench.report.plots import plot_workload
 from bench.report.summary import device_memory
 
@@ -58,7 +59,8 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                      r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad]
         md += ["**4. Skipped and failed runs**", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
-    md += equivalence_section(src, lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr)))
+    warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
+    md += headroom_section(src, rows, warn) + equivalence_section(src, warn)
     if skipped:
         md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]
     return "\n".join(md), console

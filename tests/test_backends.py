@@ -1,0 +1,163 @@
+"""The backends people choose between today, and the knobs that decide DDP's speed: run for real with 2 gloo
+ranks under torchrun, asserting what each backend was actually built with, not only that it ran."""
+import json
+
+import pytest
+
+from bench import maxbatch
+from tests.conftest import TINY, bench, records
+
+NEW = ("fsdp2", "ds_zero1", "ds_zero2", "ds_zero3", "ddp_zero", "allreduce_manual")
+
+
+@pytest.fixture(scope="module")
+def new_backends(tmp_path_factory):
+    raw = tmp_path_factory.mktemp("new") / "raw"
+    proc = bench("run", "--backends", ",".join(NEW), "--gpus", 2, *TINY, "--results", raw)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {r["backend"]: r for r in records(raw)}
+
+
+def test_new_backends_train_with_identical_full_replicas(new_backends):
+    assert set(new_backends) == set(NEW)
+    for name, rec in new_backends.items():
+        assert rec["status"] == "ok", (name, rec["reason"])
+        assert (rec["launcher"], rec["world_size"], rec["global_batch"]) == ("torchrun", 2, 4)
+        assert rec["replicas_consistent"] is True, name  # checksums over full (gathered) parameters
+        assert rec["backend_info"]["process_group"] == "gloo" and len(rec["window_seconds"]) == 3
+    assert new_backends["fsdp2"]["backend_info"]["sharded_parameters"] == 62  # every resnet18 parameter a DTensor
+    assert new_backends["fsdp2"]["backend_info"]["param_dtype"] == "float32"
+    for stage in (1, 2, 3):
+        assert new_backends[f"ds_zero{stage}"]["backend_info"]["zero_stage"] == stage
+
+
+def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason(results_dir):
+    proc = bench("run", "--backends", "ddp,fsdp2", "--gpus", 2, *TINY, "--ddp-bucket-mb", 1, "--ddp-static-graph",
+                 "--ddp-grad-as-bucket-view", "--ddp-comm-hook", "fp16", "--channels-last", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {r["backend"]: r for r in records(results_dir)}
+    ddp = recs["ddp"]
+    assert ddp["status"] == "ok" and ddp["replicas_consistent"] is True
+    assert ddp["options"] == {"ddp_bucket_mb": 1.0, "ddp_static_graph": True, "ddp_grad_as_bucket_view": True,
+                              "ddp_comm_hook": "fp16", "channels_last": True}
+    info = ddp["backend_info"]  # read back from the DistributedDataParallel object
+    assert (info["bucket_cap_mb"], info["static_graph"], info["gradient_as_bucket_view"], info["comm_hook"]) == (
+        1.0, True, True, "fp16")
+    assert recs["fsdp2"]["status"] == "skipped"
+    assert recs["fsdp2"]["reason"] == ("fsdp2 cannot honour --ddp-bucket-mb, --ddp-comm-hook, "
+                                       "--ddp-grad-as-bucket-view, --ddp-static-graph (it honours: --channels-last, "
+                                       "--compile)")
+
+
+def test_find_unused_bf16_hook_and_horovod_knobs(results_dir):
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--ddp-find-unused", "--ddp-comm-hook", "bf16",
+                 "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["backend_info"]["find_unused_parameters"] is True and rec["backend_info"]["comm_hook"] == "bf16"
+    # PowerSGD needs NCCL: on CPU it is a skip with the reason, before anything is launched
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--warmup", 4, "--ddp-comm-hook", "powersgd",
+                 "--results", results_dir / "psgd")
+    [rec] = records(results_dir / "psgd")
+    assert rec["status"] == "skipped" and rec["reason"].startswith("the PowerSGD hook needs NCCL")
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--ddp-comm-hook", "powersgd",
+                 "--results", results_dir / "x")
+    assert proc.returncode == 2 and proc.stderr.startswith("bench: error: warmup 2 is too short for ddp: use at "
+                                                           "least 4 (PowerSGD runs plain all-reduce")
+
+
+@pytest.mark.horovod
+def test_horovod_fusion_and_cycle_time_reach_horovod(results_dir):
+    from tests.test_amp_horovod import _horovod_or_skip
+
+    _horovod_or_skip()
+    proc = bench("run", "--backends", "horovod", "--gpus", 2, *TINY, "--hvd-fusion-mb", 1, "--hvd-cycle-ms", 2.5,
+                 "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["options"] == {"compression": "none", "hvd_fusion_mb": 1.0, "hvd_cycle_ms": 2.5}
+    info = rec["backend_info"]
+    assert (info["fusion_threshold_bytes"], info["cycle_time_ms"]) == (str(2 ** 20), "2.5")
+
+
+def test_compile_happens_in_warmup_and_its_time_is_its_own_field(results_dir):
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--warmup", 3, "--compile", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["options"] == {"compile": True}
+    steps = rec["warmup_step_seconds"]
+    assert len(steps) == 3 and rec["compile_seconds"] > 0
+    assert rec["compile_seconds"] == pytest.approx(sum(t - steps[-1] for t in steps[:-1] if t > steps[-1]))
+    assert max(rec["window_seconds"]) < rec["compile_seconds"]  # the compilation is in no window
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--compile"], "bench: error: warmup 2 is too short for single: use at least 3 (torch.compile compiles at "
+                    "step 1 and may recompile at step 2)"),
+    (["--ddp-bucket-mb", "0"], "bench: error: --ddp-bucket-mb must be a positive number, got 0"),
+    (["--ddp-comm-hook", "zip"], "bench: error: argument --ddp-comm-hook: invalid choice: 'zip'"),
+    (["--find-max-batch", "--max-batch", "0"], "bench: error: --max-batch must be a positive integer, got 0"),
+    (["--find-max-batch", "--memory-limit-gib", "-1"], "bench: error: --memory-limit-gib -1: a positive number of "
+                                                       "GiB, for CPU runs only"),
+])
+def test_knob_bad_input(results_dir, args, message):
+    proc = bench("run", "--backends", "single", "--gpus", 1, *TINY, *args, "--results", results_dir)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(message), proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory headroom: the largest per-device batch that fits
+
+class _Cfg:
+    backend, world_size, precision, model, image_size, device_type, options = "ddp", 2, "fp32", "m", 8, "cpu", {}
+
+    def __init__(self, batch):
+        self.batch_size = batch
+
+
+def _probe(limit, seen, error_at=None):
+    def probe(batch):
+        seen.append(batch)
+        if batch == error_at:
+            return {"status": "failed", "reason": "rank 1 exited with code 13", "run_id": str(batch)}
+        ok = batch <= limit
+        return {"status": "ok" if ok else "failed", "run_id": str(batch),
+                "reason": None if ok else f"out of memory: batch {batch} per device"}
+    return probe
+
+
+@pytest.mark.parametrize("start,limit,cap,expected", [
+    (8, 100, 4096, 96),     # double 8..128, then bisect to within 1/8: 96 fits, 112 does not
+    (8, 1000, 64, 64),      # capped: nothing ran out of memory below the cap
+    (64, 20, 4096, 20),     # the first probe does not fit: halve to 16, then bisect up
+    (4, 0, 4096, None),     # not even batch 1 fits
+])
+def test_max_batch_search(start, limit, cap, expected):
+    seen = []
+    row = maxbatch.search(_Cfg(start), _probe(limit, seen), cap)
+    assert row["max_batch"] == expected and row["error"] is None
+    assert row["capped"] == (expected == cap)
+    assert len(seen) == len(set(seen)) <= 12  # bounded, and no batch probed twice
+    if expected and not row["capped"]:
+        too_big = min(b for b in seen if b > limit)
+        assert too_big - expected <= max(1, expected // maxbatch.RESOLUTION)
+
+
+def test_max_batch_search_stops_on_a_failure_that_is_not_memory():
+    row = maxbatch.search(_Cfg(8), _probe(1000, [], error_at=32), 4096)
+    assert row["max_batch"] is None and row["error"] == "rank 1 exited with code 13"
+
+
+def test_find_max_batch_on_cpu_with_a_heap_budget(tmp_path):
+    proc = bench("run", "--backends", "single", "--gpus", 1, "--device", "cpu", "--model", "resnet18",
+                 "--image-size", 64, "--batch-size", 16, "--find-max-batch", "--memory-limit-gib", 0.5,
+                 "--max-batch", 512, "--results", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [summary] = (tmp_path / "maxbatch").glob("summary-*.json")
+    [row] = json.loads(summary.read_text())["rows"]
+    results = {p["batch"]: p["result"] for p in row["probes"]}
+    assert "out of memory" in results.values() and not row["capped"]
+    assert results[row["max_batch"]] == "fits" and 1 <= row["max_batch"] < 512
+    assert all(r == "out of memory" for b, r in results.items() if b > row["max_batch"])
+    assert "max batch per device:" in proc.stdout
