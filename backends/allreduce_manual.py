@@ -5,6 +5,8 @@ world size, then the optimizer steps. No buckets and no overlap with the backwar
 ``ddp`` is what DDP's bucketing and overlap buy. The model starts identical on every rank (one seed) and is
 broadcast from rank 0 anyway, as a hand-written version must.
 """
+import contextlib
+
 import torch.distributed as dist
 
 from backends.base import COMMON_KNOBS, build_model
@@ -13,6 +15,19 @@ from backends.ddp import DDP
 
 class AllReduceManual(DDP):
     knobs = COMMON_KNOBS
+    sync = True
+
+    def skip_gradient_sync(self):
+        backend = self
+
+        class Local(contextlib.AbstractContextManager):
+            def __enter__(self):
+                backend.sync = False
+
+            def __exit__(self, *exc):
+                backend.sync = True
+
+        return Local()
 
     def setup(self, cfg):
         self.init_process_group(cfg)
@@ -26,7 +41,7 @@ class AllReduceManual(DDP):
         self.optimizer.zero_grad()
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         for p in self.module.parameters():  # one all-reduce per tensor, after the whole backward pass
-            if p.grad is not None:
+            if p.grad is not None and self.sync:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
                 p.grad.div_(self.world_size)
         if self.scaler is None:

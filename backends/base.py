@@ -86,6 +86,16 @@ class Backend:
     def teardown(self) -> None:
         pass
 
+    # -- the compute-only reference (bench/worker.py: exposed communication) --------------------------
+    def skip_gradient_sync(self):
+        """A context manager inside which steps skip this backend's gradient synchronisation, for the
+        compute-only reference windows; None when the backend has no way to skip it (``no_compute_only``
+        says why). Single-process backends have nothing to skip."""
+        return None
+
+    no_compute_only = "one process: no gradient synchronisation to skip"
+    compute_only_keeps = None  # what a compute-only window still communicates, when something does
+
     def loss_scale(self) -> float | None:
         """The current fp16 loss scale, or None without one. Reads a device value (a host sync): the harness
         calls it only outside the timed region."""

@@ -52,6 +52,11 @@ class DDP(Backend):
         self.ddp, self.comm_hook = ddp, o.get("ddp_comm_hook") or "none"
         self.init_training(cfg, ddp, cfg.batch_size)
 
+    no_compute_only = None
+
+    def skip_gradient_sync(self):
+        return self.ddp.no_sync()  # gradients stay local: no all-reduce in backward
+
     def describe(self):
         info = super().describe()
         ddp = getattr(self, "ddp", None)

@@ -15,6 +15,7 @@ SYNCBN_CPU = ("SyncBatchNorm layers only work with GPU modules (torch.nn.SyncBat
 class DDPAmpSyncBN(DDP):
     default_precision = "fp16"
     batchnorm = "global"  # SyncBatchNorm normalises over the global batch
+    compute_only_keeps = "SyncBatchNorm's all-reduce of the batch statistics in forward"
 
     def unavailable(self, cfg):
         if cfg.device_type == "cpu":

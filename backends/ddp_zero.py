@@ -12,6 +12,8 @@ from backends.ddp import DDP
 
 
 class DDPZero(DDP):
+    compute_only_keeps = "ZeroRedundancyOptimizer's broadcast of each rank's updated parameters after the step"
+
     def setup(self, cfg):
         super().setup(cfg)
         self.optimizer = ZeroRedundancyOptimizer(self.module.parameters(), optimizer_class=torch.optim.SGD, **SGD)

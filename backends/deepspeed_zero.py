@@ -34,6 +34,12 @@ def problem() -> str | None:
 class DeepSpeedZero(DDP):
     knobs = frozenset({"channels_last"})  # DeepSpeed compiles through its own engine.compile(), not offered here
 
+    no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
+                       "gradient partitioning")
+
+    def skip_gradient_sync(self):
+        return None
+
     def __init__(self, name, launcher, stage: int):
         super().__init__(name, launcher)
         self.stage = stage

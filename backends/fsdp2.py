@@ -11,6 +11,7 @@ statistics and affine parameters lose precision), so ``param_dtype_override_fn``
 in fp32; BatchNorm then takes half inputs with fp32 weights, as it does under autocast. fp16 adds a GradScaler
 (CUDA only).
 """
+import contextlib
 import dataclasses
 
 import torch
@@ -41,6 +42,21 @@ class FSDP2(DDP):
         self.init_training(cfg, model, cfg.batch_size)
         self.autocast_dtype = None  # the policy casts; autocast on top would cast again
         self.param_dtype = dtype
+
+    compute_only_keeps = "the per-block parameter all-gathers of forward and backward (only the gradient reduce-scatter is skipped)"
+
+    def skip_gradient_sync(self):
+        model = self.module
+
+        @contextlib.contextmanager
+        def local():
+            model.set_requires_gradient_sync(False)  # FSDP2's no_sync: no reduce-scatter of the gradients
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+
+        return local()
 
     def describe(self):
         info = super().describe()

@@ -14,6 +14,7 @@ Horovod is built by the project (make horovod); everything that can be wrong wit
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -69,6 +70,8 @@ def build_info() -> dict | None:
 
 
 class Horovod(Backend):
+    local_only = False  # inside skip_gradient_sync()
+
     # compile is not offered: DistributedOptimizer hooks each parameter's gradient accumulator
     knobs = frozenset({"channels_last", "compression", "hvd_fusion_mb", "hvd_cycle_ms"})
 
@@ -106,16 +109,39 @@ class Horovod(Backend):
         # no broadcast_optimizer_state: see the module docstring
 
     def step(self):
+        if self.local_only:
+            # The hooks left empty handles (no allreduce was started); Horovod 0.28's zero_grad refuses to run
+            # while any handle is pending, so they are dropped here. Only in the compute-only reference.
+            self.optimizer._handles.clear()
         if self.scaler is None:
             return super().step()  # optimizer.step() waits for the allreduces started during backward
         loss = self.forward_loss()
         self.optimizer.zero_grad()  # set_to_none by default (torch >= 2.0)
         self.scaler.scale(loss).backward()
-        self.optimizer.synchronize()  # finish the allreduces of the scaled gradients...
+        if not self.local_only:
+            self.optimizer.synchronize()  # finish the allreduces of the scaled gradients...
         with self.optimizer.skip_synchronize():  # ...so that scaler.step's optimizer.step() does not redo them
             self.scaler.step(self.optimizer)
         self.scaler.update()
         return loss.detach()
+
+    no_compute_only = None
+
+    def skip_gradient_sync(self):
+        """No allreduce from the gradient hooks (backward_passes_per_step beyond any window) and no synchronize in
+        step. Used only after the timed windows: the replicas drift apart from here on."""
+        opt = self.optimizer
+
+        @contextlib.contextmanager
+        def local():
+            opt.set_backward_passes_per_step(2 ** 30)
+            self.local_only = True
+            with opt.skip_synchronize():
+                yield
+            self.local_only = False
+            opt.set_backward_passes_per_step(1)
+
+        return local()
 
     def describe(self):
         info = super().describe()

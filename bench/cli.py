@@ -127,6 +127,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
         if cfg.warmup < least:
             raise UsageError(f"warmup {cfg.warmup} is too short for {name}: use at least {least} ({why})")
         cfg.note = "; ".join(filter(None, [backend.note(cfg), note])) or None
+        cfg.flops_per_sample, cfg.peak_tflops = workload_flops(model, cfg.image_size), args.peak_tflops
         if cfg.data == "imagenet" and cfg.workers is None:
             cfg.workers = data.default_workers(n)  # per device, for every backend
         configs.append(cfg)
@@ -157,6 +158,18 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     elif args.data_dir:
         raise UsageError("--data-dir is for --data imagenet; synthetic data needs no directory")
     return configs, notes
+
+
+def workload_flops(model: str, image_size: int) -> float | None:
+    """Training FLOPs per image (bench.flops), or None with a warning when the model cannot be counted."""
+    from bench import flops
+
+    try:
+        return flops.flops_per_sample(model, image_size)
+    except Exception as e:  # noqa: BLE001 - a model the meta device cannot trace: no FLOPs, no MFU, still a run
+        print(f"warning: cannot count FLOPs of {model} at {image_size} px ({type(e).__name__}: {e}); no MFU",
+              file=sys.stderr)
+        return None
 
 
 DP_CUDNN_OFF_NOTE = ("labelled variant with cudnn.benchmark off: cuDNN's benchmark cache is per thread and "
@@ -372,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--windows", type=int, help="timed windows (raw times are kept in the record)")
     r.add_argument("--precision", help="fp32 | fp16 | bf16 (default: the backend's own, fp32 for most)")
     r.add_argument("--timeout", type=float, help="seconds per run before it is killed (default scales with steps)")
+    r.add_argument("--peak-tflops", type=float,
+                   help="the GPU's dense peak TFLOP/s at the run's precision, for MFU (default: bench/flops.py's table)")
     r.add_argument("--repeat", type=int, help="runs of every configuration, each its own process tree, in "
                                               "interleaved order (default 1); the run is the statistical unit")
     r.add_argument("--cudnn-benchmark", choices=tuple(ON_OFF),
@@ -426,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     # func(args) -> exit code.
     import importlib
 
-    for mod in ("report", "compare", "baseline", "verify"):
+    for mod in ("report", "compare", "baseline", "verify", "collectives", "predict"):
         importlib.import_module(f"bench.{mod}").register(sub)
     return p
 

@@ -51,6 +51,8 @@ class RunConfig:
     repeats: int = 1
     eval: bool = False  # evaluate after training (DistributedSampler shards, all-reduced sums)
     eval_samples: int = 300  # size of the synthetic evaluation set
+    flops_per_sample: float | None = None  # training FLOPs per image (bench.flops), counted once per workload
+    peak_tflops: float | None = None  # --peak-tflops: the device's dense peak, overriding bench.flops.PEAKS
 
     def validate(self) -> "RunConfig":
         for name in ("world_size", "image_size", "batch_size", "steps", "windows", "eval_samples"):

@@ -75,6 +75,7 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
         "repeat_index": cfg.get("repeat_index", 1),
         "repeats": cfg.get("repeats", 1),
         "replicas_consistent": None,
+        "flops_per_sample": cfg.get("flops_per_sample"),
         "eval": cfg.get("eval", False),
         "eval_samples": None,
         "eval_loss": None,

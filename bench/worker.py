@@ -23,6 +23,7 @@ import torch
 import backends
 from bench import data, results, stats
 from bench.config import RunConfig
+from bench.energy import EnergyMeter, window_energy
 from bench.evaluate import evaluate
 from bench.faults import Fault
 
@@ -67,18 +68,8 @@ def run(spec: dict) -> None:
     backend.train(SETTLE_STEPS)
     sync()
     scale_after_warmup = backend.loss_scale()
-    window_seconds, data_wait, skipped_steps = [], [], []
-    for _ in range(cfg.windows):
-        backend.barrier()  # start every window together; the barrier itself is not timed
-        sync()
-        before = backend.loss_scale()  # a host read, outside the timed region
-        w0 = backend.batches.wait_seconds if waited else 0.0
-        t0 = time.perf_counter()
-        backend.train(cfg.steps)
-        sync()
-        window_seconds.append(time.perf_counter() - t0)
-        data_wait.append(backend.batches.wait_seconds - w0 if waited else 0.0)
-        skipped_steps.append(skips(before, backend.loss_scale()))
+    meter = EnergyMeter(backend.devices())
+    timed = windows(backend, cfg, sync, meter, waited)
 
     fault.after_training(backend)
     memory, host_rss = memory_stats(backend), host_peak_rss()  # before evaluation: the timed windows' peaks
@@ -87,17 +78,29 @@ def run(spec: dict) -> None:
     for m, w in zip(memory, warmup_memory):
         m["warmup_peak_allocated_bytes"] = w["peak_allocated_bytes"]
         m["warmup_peak_reserved_bytes"] = w["peak_reserved_bytes"]
+    checksum = param_checksum(backend.full_parameters())
+    # The compute-only reference: the same processes and batches with the gradient synchronisation skipped,
+    # after everything above (the replicas drift apart from here on, which nothing reads any more).
+    compute_only, no_compute_only = None, compute_only_reason(backend, cfg)
+    if no_compute_only is None:
+        with backend.skip_gradient_sync():
+            compute_only = windows(backend, cfg, sync, meter, waited)
     mine = {
         "rank": backend.rank,
-        "window_seconds": window_seconds,
-        "data_wait_seconds": data_wait if waited else None,
+        "window_seconds": timed["seconds"],
+        "data_wait_seconds": timed["data_wait"] if waited else None,
         "corrupt_images_skipped": backend.batches.skipped if waited else None,
         "memory": memory,
-        "param_sha256": param_checksum(backend.full_parameters()),
+        "param_sha256": checksum,
         "eval": evaluated,
+        "energy_joules": timed["energy"],
+        "energy_reason": meter.reason,
+        "compute_only_window_seconds": compute_only and compute_only["seconds"],
+        "no_compute_only": no_compute_only,
+        "compute_only_keeps": backend.compute_only_keeps,
         "host_peak_rss_bytes": host_rss,
         "warmup_host_peak_rss_bytes": warmup_rss,
-        "skipped_steps": skipped_steps if scale0 is not None else None,
+        "skipped_steps": timed["skipped"] if scale0 is not None else None,
         "warmup_skipped_steps": skips(scale0, scale_after_warmup) if scale0 is not None else None,
         "backend_info": backend.describe(),
         "loader_workers": getattr(backend, "loader_workers", None),
@@ -114,6 +117,34 @@ def run(spec: dict) -> None:
 SETTLE_STEPS = 1  # untimed steps between the peak reset and the first window
 
 
+def windows(backend, cfg: RunConfig, sync, meter, waited: bool) -> dict:
+    """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
+    t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region."""
+    out = {"seconds": [], "data_wait": [], "skipped": [], "energy": []}
+    for _ in range(cfg.windows):
+        backend.barrier()  # start every window together; the barrier itself is not timed
+        sync()
+        scale, joules = backend.loss_scale(), meter.read()
+        w0 = backend.batches.wait_seconds if waited else 0.0
+        t0 = time.perf_counter()
+        backend.train(cfg.steps)
+        sync()
+        out["seconds"].append(time.perf_counter() - t0)
+        out["data_wait"].append(backend.batches.wait_seconds - w0 if waited else 0.0)
+        out["skipped"].append(skips(scale, backend.loss_scale()))
+        out["energy"].append(window_energy(joules, meter.read()))
+    return out
+
+
+def compute_only_reason(backend, cfg: RunConfig) -> str | None:
+    """Why this run measures no compute-only reference, or None when it does."""
+    if cfg.world_size == 1:
+        return "world size 1: nothing to synchronise"
+    if (cfg.options or {}).get("compile"):
+        return "not with --compile (skipping the synchronisation would recompile inside the windows)"
+    return backend.no_compute_only
+
+
 def skips(scale_before: float | None, scale_after: float | None) -> int | None:
     """Optimizer steps GradScaler skipped between two reads of its scale. Each skip halves the scale (backoff
     0.5); a growth doubles it, once per 2000 clean steps (growth_interval), so a growth inside the same
@@ -126,9 +157,9 @@ def skips(scale_before: float | None, scale_after: float | None) -> int | None:
 def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
     record = results.skeleton(cfg.to_dict(), spec["run_id"], spec["env"])
     # The slowest rank sets the pace: a window lasts as long as its slowest rank.
-    windows = [max(ws) for ws in zip(*(r["window_seconds"] for r in per_rank))]
+    times = [max(ws) for ws in zip(*(r["window_seconds"] for r in per_rank))]
     global_batch = cfg.global_batch
-    thr, ci = stats.median_ci95(stats.window_throughputs(windows, global_batch * cfg.steps))
+    thr, ci = stats.median_ci95(stats.window_throughputs(times, global_batch * cfg.steps))
     waits = [r["data_wait_seconds"] for r in per_rank]
     memory = sorted((m for r in per_rank for m in r["memory"]), key=lambda m: m["device_index"])
     checksums = {r["param_sha256"] for r in per_rank}
@@ -136,7 +167,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
     warm = [max(s) for s in zip(*(r.get("warmup_step_seconds") or [] for r in per_rank))]  # slowest rank per step
     record.update(
         status="ok",
-        window_seconds=windows,
+        window_seconds=times,
         throughput=thr,
         throughput_ci95=ci,
         per_device_throughput=thr / cfg.world_size,
@@ -156,6 +187,9 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         compile_seconds=compile_seconds(warm) if (cfg.options or {}).get("compile") and warm else None,
         backend_info=per_rank[0].get("backend_info"),
         **eval_fields(per_rank),
+        **compute_only_fields(per_rank),
+        **energy_fields(per_rank, times, global_batch * cfg.steps),
+        **flops_fields(cfg, memory, thr),
         loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
         threads_per_rank=spec["threads_per_rank"],
         finished_at=results.utc_now(),
@@ -167,6 +201,39 @@ def compile_seconds(warmup_seconds: list[float]) -> float:
     """torch.compile's cost, estimated from warm-up: what each warm-up step took beyond the last (steady) one.
     Never inside a timed window: the minimum warm-up with --compile is 3 steps."""
     return sum(max(0.0, t - warmup_seconds[-1]) for t in warmup_seconds[:-1])
+
+
+def compute_only_fields(per_rank: list[dict]) -> dict:
+    """The compute-only reference's windows (the slowest rank per window) and what it could not skip."""
+    first = per_rank[0]
+    measured = first.get("compute_only_window_seconds") is not None
+    return {
+        "compute_only_window_seconds": [max(w) for w in zip(*(r["compute_only_window_seconds"] for r in per_rank))]
+        if measured else None,
+        "compute_only": {"measured": measured, "reason": first.get("no_compute_only"),
+                         "keeps": first.get("compute_only_keeps") if measured else None},
+    }
+
+
+def energy_fields(per_rank: list[dict], times: list[float], samples_per_window: int) -> dict:
+    """Joules of every GPU of the run per window (each rank read its own), per image and as mean watts."""
+    from bench import energy
+
+    joules = [None if any(j is None for j in w) else sum(w)
+              for w in zip(*(r.get("energy_joules") or [None] * len(times) for r in per_rank))]
+    return {"energy_joules": joules if any(j is not None for j in joules) else None,
+            "energy_reason": per_rank[0].get("energy_reason"),
+            **energy.summarise(joules, times, samples_per_window)}
+
+
+def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:
+    from bench import flops
+
+    per_sample = cfg.flops_per_sample
+    device = memory[0]["device_name"] if memory else None
+    peak, source = flops.peak_tflops(device, cfg.precision, cfg.peak_tflops)
+    return {"flops_per_sample": per_sample, "peak_tflops_per_device": peak, "peak_tflops_source": source,
+            "mfu": flops.mfu(per_sample, throughput, peak, cfg.world_size)}
 
 
 def eval_fields(per_rank: list[dict]) -> dict:
@@ -275,6 +342,10 @@ def _guarded(spec: dict) -> None:
             from bench import verify_worker
 
             verify_worker.run_rank(spec)
+        elif spec.get("task") == "collectives":
+            from bench import collectives
+
+            collectives.run_rank(spec)
         else:
             run(spec)
     except Exception as e:  # noqa: BLE001 - only out-of-memory is handled here; anything else propagates

@@ -61,6 +61,7 @@ def test_horovod_two_gloo_ranks_identical_replicas(results_dir):
     assert rec["replicas_consistent"] is True
     assert len(rec["window_seconds"]) == 3 and rec["throughput"] > 0
     assert rec["options"] == {"compression": "none"}
+    assert rec["compute_only"]["measured"] is True and len(rec["compute_only_window_seconds"]) == 3
     info = rec["env"]["horovod"]
     assert info["version"] == "0.28.1" and info["frameworks"] == "PyTorch"
     assert "Gloo" in info["controllers"].split(", ") and "Gloo" in info["tensor_operations"].split(", ")

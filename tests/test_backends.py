@@ -29,6 +29,14 @@ def test_new_backends_train_with_identical_full_replicas(new_backends):
     assert new_backends["fsdp2"]["backend_info"]["param_dtype"] == "float32"
     for stage in (1, 2, 3):
         assert new_backends[f"ds_zero{stage}"]["backend_info"]["zero_stage"] == stage
+        assert new_backends[f"ds_zero{stage}"]["compute_only"] == {
+            "measured": False, "keeps": None, "reason": "DeepSpeed's no_sync forbids engine.step() inside it and is "
+                                                        "incompatible with ZeRO-2/3's gradient partitioning"}
+    for name in ("fsdp2", "ddp_zero", "allreduce_manual"):
+        assert new_backends[name]["compute_only"]["measured"] is True, name
+        assert len(new_backends[name]["compute_only_window_seconds"]) == 3
+    assert new_backends["fsdp2"]["compute_only"]["keeps"].startswith("the per-block parameter all-gathers")
+    assert new_backends["ddp_zero"]["compute_only"]["keeps"].startswith("ZeroRedundancyOptimizer's broadcast")
 
 
 def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason(results_dir):

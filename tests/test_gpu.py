@@ -55,6 +55,22 @@ def test_memory_is_read_from_the_allocator_and_nvml_after_warmup(one_gpu_sweep):
 
 
 @one_gpu
+def test_energy_flops_and_mfu_on_one_gpu(one_gpu_sweep):
+    from bench import flops
+
+    for (backend, precision), rec in one_gpu_sweep.items():
+        # NVML's energy counter read around each window (Volta and newer)
+        assert rec["energy_reason"] is None, rec["energy_reason"]
+        assert len(rec["energy_joules"]) == 3 and all(j > 0 for j in rec["energy_joules"])
+        assert rec["joules_per_image"] > 0 and 10 < rec["mean_watts"] < 2000
+        assert rec["flops_per_sample"] == flops.flops_per_sample("resnet18", 64)
+        peak, _ = flops.peak_tflops(torch.cuda.get_device_name(0), precision)
+        if peak:  # a GPU in the table: MFU is the achieved share of its dense peak
+            assert rec["mfu"] == pytest.approx(rec["flops_per_sample"] * rec["throughput"] / (peak * 1e12))
+            assert 0 < rec["mfu"] < 1
+
+
+@one_gpu
 def test_fp16_gradscaler_and_syncbatchnorm_on_one_gpu(one_gpu_sweep):
     rec = one_gpu_sweep[("ddp_amp_syncbn", "fp16")]
     info = rec["backend_info"]

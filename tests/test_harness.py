@@ -29,6 +29,19 @@ def _assert_ok_record(rec, backend, launcher, world_size):
     assert len(rec["warmup_host_peak_rss_bytes"]) == world_size
     assert all(0 < b for b in rec["host_peak_rss_bytes"] + rec["warmup_host_peak_rss_bytes"])
     assert rec["skipped_steps"] is None and rec["warmup_skipped_steps"] is None  # no GradScaler in fp32
+    # FLOPs are counted for every record; MFU and energy are GPU figures, empty on CPU with the reason
+    from bench.flops import flops_per_sample
+
+    assert rec["flops_per_sample"] == pytest.approx(flops_per_sample("resnet18", 32))
+    assert rec["mfu"] is None and rec["peak_tflops_source"] == "no GPU: MFU is for GPUs"
+    assert rec["joules_per_image"] is None and rec["energy_reason"] == "no GPU"
+    # the compute-only reference: measured in the same processes wherever there is a synchronisation to skip
+    co = rec["compute_only"]
+    if world_size > 1:
+        assert co == {"measured": True, "reason": None, "keeps": None}
+        assert len(rec["compute_only_window_seconds"]) == 3 and all(t > 0 for t in rec["compute_only_window_seconds"])
+    else:
+        assert co["measured"] is False and rec["compute_only_window_seconds"] is None
     info = rec["backend_info"]
     assert info["process_group"] == ("gloo" if launcher in ("torchrun", "spawn") else None)
     assert (info["autocast_dtype"], info["grad_scaler"], info["sync_batchnorm_layers"]) == (None, False, 0)

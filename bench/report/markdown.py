@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench.report.common import (BASELINE, CPU_CAVEAT, GiB, KNOB, SECTION, STAR, WITHIN_RUN, WORKLOAD, fmt, groups,
                                  label, md_table, slug, sort_rows)
+from bench.report import comm
 from bench.report.equivalence import eval_table
 from bench.report.equivalence import section as equivalence_section
 from bench.report.headroom import section as headroom_section
@@ -50,7 +51,9 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                    "An empty cell means that baseline is not in these records.", "",
                    efficiency_table(ok, unit), "", "**3. Memory** (timed-window peak per GPU, or per rank on CPU, after warm-up; warm-up's own peak "
                    "in the last column; every ok run)", "",
-                   memory_table(ok, device), ""] + eval_table(ok, label) + notes(ok)
+                   memory_table(ok, device), ""] + eval_table(ok, label) + comm.comm_table(ok, unit) \
+                + comm.hardware_table(ok, unit) + notes(ok)
+            plots += comm.plot_split(ok, stem, f"{title} · {hw} ({device})", unit)
             md += [f"![{kind}](plots/{name})" for kind, name in plots] + [""]
             console += ["", title, thr]
         bad = sorted(((rec, r) for r in srows for rec in r["_recs"] if rec["status"] != "ok"),
@@ -60,7 +63,8 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
         md += ["**4. Skipped and failed runs**", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
-    md += headroom_section(src, rows, warn) + equivalence_section(src, warn)
+    md += headroom_section(src, rows, warn) + equivalence_section(src, warn) \
+        + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src, warn)
     if skipped:
         md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]
     return "\n".join(md), console

@@ -71,8 +71,32 @@ def summarise(recs: list[dict]):
                    warmup_peak_reserved_max_gib=gib(peak("warmup_reserved")), host_rss_max_gib=gib(max(rss, default=None)),
                    memory_imbalance=max([x for x in imb if x is not None], default=None),
                    skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples)
+        row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
         rows.append(row)
     return nones(add_efficiency(nones(pd.DataFrame(rows))))
+
+
+def hardware_fields(ok: list[dict], throughput, world_size) -> dict:
+    """The compute-only reference (run level, like the throughput), FLOPs, MFU and energy of a configuration."""
+    import numpy as np
+
+    from bench import flops, stats
+
+    co = stats.summarise_runs([stats.window_throughputs(r["compute_only_window_seconds"],
+                                                        r["global_batch"] * r["steps_per_window"])
+                               for r in ok if r.get("compute_only_window_seconds")])
+    keeps = {(r.get("compute_only") or {}).get("keeps") for r in ok} - {None}
+    why = {(r.get("compute_only") or {}).get("reason") for r in ok} - {None}
+    per_sample = next((r["flops_per_sample"] for r in ok if r.get("flops_per_sample")), None)
+    peak = next((r["peak_tflops_per_device"] for r in ok if r.get("peak_tflops_per_device")), None)
+    med = lambda k: float(np.median([r[k] for r in ok if r.get(k) is not None])) if any(  # noqa: E731
+        r.get(k) is not None for r in ok) else None
+    return {"compute_only_img_s": co["median"], "compute_only_keeps": "; ".join(sorted(keeps)) or None,
+            "compute_only_reason": "; ".join(sorted(why)) or None, "flops_per_sample": per_sample,
+            "achieved_tflops_per_device": per_sample * throughput / world_size / 1e12 if per_sample and throughput
+            else None, "mfu_pct": 100 * flops.mfu(per_sample, throughput, peak, world_size) if peak and per_sample
+            and throughput else None, "peak_tflops_per_device": peak, "joules_per_image": med("joules_per_image"),
+            "mean_watts": med("mean_watts")}
 
 
 def nones(df):

@@ -1,0 +1,259 @@
+"""``python -m bench collectives``: bus bandwidth of the collectives the backends use, over the process group
+they use (NCCL on GPUs, gloo on CPU), and of Horovod's allreduce (under horovodrun).
+
+Definitions are nccl-tests' (PERFORMANCE.md there): for a message of S bytes on n ranks, algbw = S / t, and
+busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter and all_gather (S is the full, gathered
+size), x 1 for broadcast. busbw is comparable across n and with the hardware's link bandwidth. t is the median
+of ``--iters`` timed iterations after ``--warmup`` untimed ones, each bracketed by a device synchronize, the
+slowest rank's time. One record per launcher in RESULTS/collectives/ (schema ``collectives-1``); the report
+draws busbw against message size with the model's gradient size and DDP's bucket size marked.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+              "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "horovod_allreduce": lambda n: 2 * (n - 1) / n}
+DEFAULT_RANGE = {"cuda": ("4K", "256M"), "cpu": ("4K", "64M")}
+DDP_BUCKET_MB = 25
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        raise ValueError(f"message size {text!r}: expected bytes or a size such as 4K, 16M, 1G") from None
+
+
+def sizes(lo: int, hi: int, factor: int = 4) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def register(sub) -> None:
+    c = sub.add_parser("collectives", help="bus bandwidth of all_reduce, reduce_scatter, all_gather, broadcast "
+                                           "(and Horovod's allreduce) over the backends' process group")
+    c.add_argument("--gpus", help="world sizes, e.g. 2,4 (on CPU: worker processes; default: every device, CPU 2)")
+    c.add_argument("--device", default="auto", help="auto | cuda | cpu")
+    c.add_argument("--min-bytes", help="smallest message (default 4K)")
+    c.add_argument("--max-bytes", help="largest message (default 256M on GPU, 64M on CPU; capped by free memory)")
+    c.add_argument("--ops", default=",".join(OPS), help=f"comma-separated from {', '.join(OPS)}")
+    c.add_argument("--iters", type=int, default=10, help="timed iterations per size (median; default 10)")
+    c.add_argument("--warmup", type=int, default=3, help="untimed iterations per size (default 3)")
+    c.add_argument("--no-horovod", action="store_true", help="skip Horovod's allreduce")
+    c.add_argument("--results", default="results/raw", help="records go to RESULTS/collectives")
+    c.set_defaults(func=cmd_collectives)
+
+
+def plan(args):
+    from bench import cli
+
+    device, present = cli.detect_device(args.device)
+    gpus = args.gpus or (str(present) if device == "cuda" else str(min(2, present)))
+    world = cli.world_sizes(gpus, None, device, present)
+    if max(world) < 2:
+        raise cli.UsageError(f"collectives need at least 2 ranks; got --gpus {gpus}")
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in OPS]
+    if bad or not ops:
+        raise cli.UsageError(f"unknown collective {', '.join(bad) or repr(args.ops)}; choose from {', '.join(OPS)}")
+    lo_default, hi_default = DEFAULT_RANGE[device]
+    try:
+        lo, hi = parse_size(args.min_bytes or lo_default), parse_size(args.max_bytes or hi_default)
+    except ValueError as e:
+        raise cli.UsageError(str(e)) from None
+    if not 0 < lo <= hi:
+        raise cli.UsageError(f"--min-bytes {lo} and --max-bytes {hi}: need 0 < min <= max")
+    for name in ("iters", "warmup"):
+        if getattr(args, name) < (1 if name == "iters" else 0):
+            raise cli.UsageError(f"--{name} must be a {'positive' if name == 'iters' else 'non-negative'} integer, "
+                                 f"got {getattr(args, name)}")
+    return device, [n for n in world if n >= 2], ops, sizes(lo, hi)
+
+
+def cmd_collectives(args) -> int:
+    import backends
+    from bench import cli, launch, results
+    from bench.config import RunConfig
+
+    device, world, ops, message_sizes = plan(args)
+    out = Path(args.results) / "collectives"
+    cli.check_writable(out)
+    env = results.collect_env()
+    status = 0
+    runs = [("ddp", ops)] + ([] if args.no_horovod else [("horovod", ["horovod_allreduce"])])
+    for n in world:
+        for name, run_ops in runs:
+            backend = backends.create(name)
+            cfg = RunConfig(backend=name, launcher=backend.launcher, world_size=n, device_type=device,
+                            model="none", image_size=1, batch_size=1, warmup=2, steps=1, windows=1).validate()
+            reason = backend.unavailable(cfg)
+            if reason:
+                print(f"collectives x{n} {name}: skipped: {reason}", flush=True)
+                continue
+            spec = {"task": "collectives", "collectives": {"ops": run_ops, "sizes": message_sizes,
+                                                            "iters": args.iters, "warmup": args.warmup}}
+            rec = launch.run_one(cfg, out, env, backend, extra_spec=spec,
+                                 timeout=300 + len(message_sizes) * len(run_ops) * 20)
+            if rec["status"] != "ok":
+                status = 1
+                print(f"collectives x{n} {name}: {rec['status']}: {rec['reason']}", flush=True)
+                continue
+            print_table(rec)
+    return status
+
+
+def print_table(rec: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{rec['process_group']} collectives, {rec['world_size']} ranks on {rec['device_type']} "
+                        f"(busbw GB/s; nccl-tests definitions)")
+    table.add_column("size", justify="right")
+    ops = list(dict.fromkeys(r["op"] for r in rec["results"]))
+    for op in ops:
+        table.add_column(op, justify="right")
+    by = {(r["op"], r["bytes"]): r for r in rec["results"]}
+    for size in dict.fromkeys(r["bytes"] for r in rec["results"]):
+        table.add_row(human(size), *[f"{by[(op, size)]['busbw_gbps']:.3f}" if (op, size) in by else "-" for op in ops])
+    Console(width=160).print(table)
+
+
+def human(n: int) -> str:
+    for unit, factor in (("G", 2 ** 30), ("M", 2 ** 20), ("K", 2 ** 10)):
+        if n >= factor:
+            return f"{n / factor:g} {unit}iB"
+    return f"{n} B"
+
+
+# ---------------------------------------------------------------------------------------------------
+# On every rank (python -m bench.worker with a spec whose task is "collectives")
+
+def run_rank(spec: dict) -> None:
+    import torch
+
+    import backends
+    from bench import results
+    from bench.config import RunConfig
+
+    cfg, c = RunConfig.from_dict(spec["config"]), spec["collectives"]
+    torch.set_num_threads(spec["threads_per_rank"])
+    backend = backends.create(cfg.backend)
+    if cfg.backend == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        backend.hvd, backend.rank, backend.world_size = hvd, hvd.rank(), hvd.size()
+        device = _device(cfg, hvd.local_rank())
+    else:
+        backend.init_process_group(cfg)
+        device = backend.device
+    n, rows = backend.world_size, []
+    free = _free_bytes(device)
+    for op in c["ops"]:
+        for size in c["sizes"]:
+            if _needs(op, size, n) > free:
+                continue  # a message that does not fit this machine's memory is not measured
+            seconds = _time(op, size, n, device, backend, c["warmup"], c["iters"])
+            t = max(backend.all_gather(seconds))  # the slowest rank's median
+            algbw = size / t / 1e9
+            rows.append({"op": op, "bytes": size, "seconds": t, "algbw_gbps": algbw,
+                         "busbw_gbps": algbw * BUS_FACTOR[op](n)})
+    if backend.rank == 0:
+        record = {"schema": "collectives-1", "kind": "collectives", "run_id": spec["run_id"], "status": "ok",
+                  "reason": None, "launcher": cfg.launcher, "backend": cfg.backend, "world_size": n,
+                  "device_type": cfg.device_type, "process_group": _group_name(cfg, backend), "iters": c["iters"],
+                  "warmup": c["warmup"], "results": rows, "env": spec["env"], "finished_at": results.utc_now()}
+        results.write_json_atomic(record, Path(spec["results_dir"]) / f"{spec['run_id']}.json")
+    backend.barrier()
+    backend.teardown()
+
+
+def _device(cfg, local_rank):
+    import torch
+
+    if cfg.device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _group_name(cfg, backend) -> str:
+    if cfg.backend == "horovod":
+        return "horovod-" + ("nccl" if cfg.device_type == "cuda" else "gloo")
+    import torch.distributed as dist
+
+    return dist.get_backend()
+
+
+def _free_bytes(device) -> int:
+    import psutil
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
+    return psutil.virtual_memory().available // 4  # every rank of this host shares it
+
+
+def _needs(op: str, size: int, n: int) -> int:
+    return size * (2 if op in ("all_reduce", "broadcast", "horovod_allreduce") else 1 + 1 / n) + size
+
+
+def _time(op, size, n, device, backend, warmup, iters) -> float:
+    """Median seconds of one ``op`` on a message of ``size`` bytes (fp32 elements) on this rank."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    elems = max(n, size // 4) // n * n  # divisible by n, for reduce_scatter and all_gather
+    if op in ("all_reduce", "broadcast", "horovod_allreduce"):
+        x = torch.ones(elems, device=device)
+        call = {"all_reduce": lambda: dist.all_reduce(x),
+                "broadcast": lambda: dist.broadcast(x, src=0),
+                "horovod_allreduce": lambda: backend.hvd.allreduce_(x, op=backend.hvd.Sum)}[op]
+    elif op == "reduce_scatter":
+        x, y = torch.ones(elems, device=device), torch.empty(elems // n, device=device)
+        call = lambda: dist.reduce_scatter_tensor(y, x)  # noqa: E731
+    else:
+        x, y = torch.ones(elems // n, device=device), torch.empty(elems, device=device)
+        call = lambda: dist.all_gather_into_tensor(y, x)  # noqa: E731
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    times = []
+    for i in range(warmup + iters):
+        backend.barrier()
+        sync()
+        t0 = time.perf_counter()
+        call()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def load(results_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) -> list[dict]:
+    """The ok collectives records in RESULTS/collectives."""
+    import json
+
+    out = []
+    for f in sorted((Path(results_dir) / "collectives").glob("*.json")):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            warn(f"skipping {f}: not a readable collectives record ({type(e).__name__}: {e})")
+            continue
+        if isinstance(rec, dict) and rec.get("schema") == "collectives-1" and rec.get("status") == "ok":
+            out.append(rec)
+    return out

@@ -1,0 +1,80 @@
+"""Training FLOPs per sample, and model FLOPs utilisation (MFU) against a GPU's dense peak.
+
+FLOPs are counted once per (model, image size) by ``torch.utils.flop_counter.FlopCounterMode`` over one
+forward and backward pass on the meta device (shapes only: no memory, no compute). A multiply-add counts as
+two FLOPs, so ResNet-50 at 224 px is about 8.2 GFLOP forward (4.1 GMAC) and about 3x that for training
+(the backward pass computes gradients of both inputs and weights).
+
+MFU = achieved FLOP/s / (dense peak per device x devices), achieved = FLOPs per sample x global samples/s.
+The peak is the device's dense tensor-core rate at the run's precision (no 2:4 sparsity), from NVIDIA's
+datasheets below, or ``--peak-tflops``. fp32 runs use the TF32 rate: cuDNN runs fp32 convolutions on TF32
+tensor cores by default (``torch.backends.cudnn.allow_tf32``), and convolutions are these models' FLOPs. On CPU,
+or on a GPU not in the table, MFU is left empty.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+# (pattern on torch.cuda.get_device_name, dense TFLOP/s by precision, source)
+PEAKS = [
+    (r"H100.*(PCIe|PCIE)", {"bf16": 756.5, "fp16": 756.5, "fp32": 378.0},
+     "NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense"),
+    (r"H100", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}, "NVIDIA H100 Tensor Core GPU datasheet (SXM), dense"),
+    (r"H200", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}, "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense"),
+    (r"A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}, "NVIDIA A100 Tensor Core GPU datasheet, dense"),
+    (r"L40S", {"bf16": 362.05, "fp16": 362.05, "fp32": 183.0}, "NVIDIA L40S datasheet, dense"),
+    (r"A10\b", {"bf16": 125.0, "fp16": 125.0, "fp32": 62.5}, "NVIDIA A10 datasheet, dense"),
+    (r"\bL4\b", {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0}, "NVIDIA L4 datasheet, dense"),
+    (r"V100.*(PCIe|PCIE)", {"fp16": 112.0, "fp32": 14.0}, "NVIDIA V100 datasheet (PCIe); no bf16, no TF32"),
+    (r"V100", {"fp16": 125.0, "fp32": 15.7}, "NVIDIA V100 datasheet (SXM2); no bf16, no TF32"),
+]
+
+
+@lru_cache(maxsize=None)
+def flops_per_sample(model: str, image_size: int) -> float:
+    """Training FLOPs (forward + backward) per image, counted on the meta device."""
+    import torch
+    import torchvision
+    from torch.utils.flop_counter import FlopCounterMode
+
+    extra = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
+    with torch.device("meta"):
+        net = torchvision.models.get_model(model, weights=None, num_classes=1000, **extra)
+        x = torch.empty(2, 3, image_size, image_size)  # 2: BatchNorm refuses a batch of one in training
+    with FlopCounterMode(display=False) as counter:
+        net(x).sum().backward()
+    return counter.get_total_flops() / 2
+
+
+@lru_cache(maxsize=None)
+def parameter_count(model: str) -> int:
+    """Parameters of the model (1000 classes), counted on the meta device."""
+    import torch
+    import torchvision
+
+    extra = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
+    with torch.device("meta"):
+        net = torchvision.models.get_model(model, weights=None, num_classes=1000, **extra)
+    return sum(p.numel() for p in net.parameters())
+
+
+def peak_tflops(device_name: str | None, precision: str, override: float | None = None) -> tuple[float | None, str]:
+    """(dense TFLOP/s per device, where the figure comes from); (None, why) when unknown."""
+    if override:
+        return float(override), "--peak-tflops"
+    if not device_name:
+        return None, "no GPU: MFU is for GPUs"
+    for pattern, peaks, source in PEAKS:
+        if re.search(pattern, device_name):
+            if precision in peaks:
+                return peaks[precision], source
+            return None, f"{device_name} has no dense {precision} tensor-core rate in {source}"
+    return None, f"{device_name} is not in the peak table (give --peak-tflops)"
+
+
+def mfu(flops: float | None, global_throughput: float | None, peak: float | None, devices: int) -> float | None:
+    """Model FLOPs utilisation, 0..1; None when anything is unknown."""
+    if not (flops and global_throughput and peak and devices):
+        return None
+    return flops * global_throughput / (peak * 1e12 * devices)
