@@ -64,7 +64,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
     md += headroom_section(src, rows, warn) + equivalence_section(src, warn) \
-        + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src, warn)
+        + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)
     if skipped:
         md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]
     return "\n".join(md), console
