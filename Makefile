@@ -36,8 +36,12 @@ horovod: $(STAMP)
 install: $(STAMP) horovod
 
 # The default suite on synthetic data on every device found; GPUS=N sweeps 1, 2, 4, ... up to N.
+# Every run also measures its compute-only reference (exposed communication); a short collectives sweep gives
+# the bus bandwidth the report and `bench predict` use.
+COLLECTIVES_ARGS ?= --iters 5
 bench: install
 	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS); status=$$?; \
+	$(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS) || status=1; \
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
 
 # Training equivalence (README: "Verifying the backends"): every backend trains K steps on the same data and

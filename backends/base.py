@@ -38,6 +38,9 @@ class Backend:
         """Why this backend cannot run ``cfg`` on this machine (a reason and a fix), or None."""
         if cfg.precision == "fp16" and cfg.device_type == "cpu":
             return "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"
+        if getattr(cfg, "nnodes", 1) > 1 and self.launcher in ("inproc", "spawn"):
+            return (f"{self.name} is single-node by design ({'one process' if self.launcher == 'inproc' else 'mp.spawn'}"
+                    " starts its ranks on this machine only); run it in a single-node sweep")
         foreign = sorted(k for k, v in (cfg.options or {}).items() if k not in self.knobs and v not in (None, False))
         if foreign:
             return (f"{self.name} cannot honour {', '.join('--' + k.replace('_', '-') for k in foreign)} "

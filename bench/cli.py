@@ -98,8 +98,22 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     """Every configuration to run once, in sweep order (``interleave`` adds the repetitions)."""
     from bench import data
 
+    from bench import multinode
+
     device_type, present = detect_device(args.device)
-    sizes = world_sizes(args.gpus, args.max_gpus, device_type, present)
+    nodes, nnodes = multinode.parse_nodes(args), 1
+    if getattr(args, "external", False):
+        if nodes is not None:
+            raise UsageError("--external takes the world from the engine's environment; drop --nnodes")
+        world, nnodes = multinode.external_world(args)
+        sizes = [world]
+    elif nodes is not None:
+        if args.max_gpus or (args.gpus and "," in args.gpus):
+            raise UsageError("with --nnodes, --gpus is the number of processes per node (one value)")
+        per_node = world_sizes(args.gpus or str(present if device_type == "cuda" else 1), None, device_type, present)
+        nnodes, sizes = nodes.nnodes, [nodes.nnodes * per_node[0]]
+    else:
+        sizes = world_sizes(args.gpus, args.max_gpus, device_type, present)
     names = parse_backends(args.backends)
     d = DEFAULTS[device_type]
     model = args.model or d["model"]
@@ -120,7 +134,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
             warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
             windows=_pick(args.windows, d["windows"]), precision=precision, timeout=args.timeout,
-            options=backend_options(name, args), cudnn_benchmark=cudnn_benchmark, eval=args.eval,
+            options=backend_options(name, args), cudnn_benchmark=cudnn_benchmark, eval=args.eval, nnodes=nnodes,
             eval_samples=_pick(args.eval_samples, RunConfig.eval_samples),
         ).validate()
         least, why = backend.min_warmup(cfg)
@@ -137,8 +151,17 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
         limit = getattr(backend, "max_world_size", None)
         for n in sizes:
             if limit and n > limit:
-                notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world size {n}")
+                if nnodes == 1:
+                    notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world "
+                                 f"size {n}")
                 continue
+            if nnodes > 1 and name == "horovod":
+                if nodes.node_rank != 0:
+                    notes.append("horovod runs start on node 0 only (horovodrun -H reaches the other hosts)")
+                    continue
+                why = multinode.check_hosts(nodes.hosts, n)
+                if why:
+                    raise UsageError(why)
             add(name, n, args.precision or backend.default_precision, cudnn)
             if name == "dp" and device_type == "cuda" and n >= 2 and cudnn is None:
                 add(name, n, args.precision or backend.default_precision, False, DP_CUDNN_OFF_NOTE)
@@ -218,9 +241,16 @@ def _pick(value, default):
 def cmd_run(args) -> int:
     from bench import launch, results, summary
 
+    from bench import multinode
+
     configs, notes = plan(args)
     if not configs:
         raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
+    if args.external:
+        return multinode.run_external(args, configs)
+    nodes = multinode.parse_nodes(args)
+    if nodes is not None and args.resume:
+        raise UsageError("--resume cannot be used with --nnodes: every node must run the same sweep in the same order")
     if args.find_max_batch:
         return find_max_batch(args, configs, notes)
     configs = interleave(configs, args.repeat or 1)
@@ -239,7 +269,8 @@ def cmd_run(args) -> int:
             knob = " cudnn.benchmark off" if cfg.cudnn_benchmark is False else ""
             print(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} "
                   f"{cfg.image_size}px batch {cfg.batch_size}/device {cfg.precision}{knob}{rep} ...", flush=True)
-            rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend))
+            rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
+                                 rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "")
             records.append(rec)
             print(f"    {summary.one_line(rec)}", flush=True)
     except KeyboardInterrupt:
@@ -423,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true",
                    help="skip configurations that already have an ok record in the results directory")
     r.add_argument("--results", default="results/raw", help="directory for the records (default results/raw)")
+    from bench import multinode
+
+    multinode.add_arguments(r)
     r.set_defaults(func=cmd_run)
 
     ld = sub.add_parser("loader", help="measure the ImageNet input pipeline alone (img/s, no model)")
@@ -441,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     # func(args) -> exit code.
     import importlib
 
-    for mod in ("report", "compare", "baseline", "verify", "collectives", "predict"):
+    for mod in ("report", "compare", "baseline", "verify", "collectives", "predict", "multinode"):
         importlib.import_module(f"bench.{mod}").register(sub)
     return p
 

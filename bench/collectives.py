@@ -17,7 +17,7 @@ from pathlib import Path
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
               "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "horovod_allreduce": lambda n: 2 * (n - 1) / n}
-DEFAULT_RANGE = {"cuda": ("4K", "256M"), "cpu": ("4K", "64M")}
+DEFAULT_RANGE = {"cuda": ("4K", "256M"), "cpu": ("4K", "16M")}
 DDP_BUCKET_MB = 25
 
 
@@ -42,9 +42,10 @@ def register(sub) -> None:
     c = sub.add_parser("collectives", help="bus bandwidth of all_reduce, reduce_scatter, all_gather, broadcast "
                                            "(and Horovod's allreduce) over the backends' process group")
     c.add_argument("--gpus", help="world sizes, e.g. 2,4 (on CPU: worker processes; default: every device, CPU 2)")
+    c.add_argument("--max-gpus", help="sweep 2, 4, ... up to N; 'all' = every device (as bench run's --max-gpus)")
     c.add_argument("--device", default="auto", help="auto | cuda | cpu")
     c.add_argument("--min-bytes", help="smallest message (default 4K)")
-    c.add_argument("--max-bytes", help="largest message (default 256M on GPU, 64M on CPU; capped by free memory)")
+    c.add_argument("--max-bytes", help="largest message (default 256M on GPU, 16M on CPU; capped by free memory)")
     c.add_argument("--ops", default=",".join(OPS), help=f"comma-separated from {', '.join(OPS)}")
     c.add_argument("--iters", type=int, default=10, help="timed iterations per size (median; default 10)")
     c.add_argument("--warmup", type=int, default=3, help="untimed iterations per size (default 3)")
@@ -57,10 +58,17 @@ def plan(args):
     from bench import cli
 
     device, present = cli.detect_device(args.device)
-    gpus = args.gpus or (str(present) if device == "cuda" else str(min(2, present)))
-    world = cli.world_sizes(gpus, None, device, present)
+    if not args.gpus and present < 2:
+        return device, [], [], []  # one device here: nothing to measure, which is not an error
+    if args.gpus or not args.max_gpus:
+        world = cli.world_sizes(args.gpus or (str(present) if device == "cuda" else str(min(2, present))), None,
+                                device, present)
+    else:
+        world = cli.world_sizes(None, args.max_gpus, device, present)
+        if max(world) < 2:
+            return device, [], [], []
     if max(world) < 2:
-        raise cli.UsageError(f"collectives need at least 2 ranks; got --gpus {gpus}")
+        raise cli.UsageError(f"collectives need at least 2 ranks; got --gpus {args.gpus}")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     bad = [o for o in ops if o not in OPS]
     if bad or not ops:
@@ -85,6 +93,9 @@ def cmd_collectives(args) -> int:
     from bench.config import RunConfig
 
     device, world, ops, message_sizes = plan(args)
+    if not world:
+        print(f"collectives: one {'GPU' if device == 'cuda' else 'core'} here: no collective to measure")
+        return 0
     out = Path(args.results) / "collectives"
     cli.check_writable(out)
     env = results.collect_env()

@@ -51,6 +51,7 @@ class RunConfig:
     repeats: int = 1
     eval: bool = False  # evaluate after training (DistributedSampler shards, all-reduced sums)
     eval_samples: int = 300  # size of the synthetic evaluation set
+    nnodes: int = 1  # machines in the run; world_size = nnodes x processes per node
     flops_per_sample: float | None = None  # training FLOPs per image (bench.flops), counted once per workload
     peak_tflops: float | None = None  # --peak-tflops: the device's dense peak, overriding bench.flops.PEAKS
 
@@ -75,11 +76,17 @@ class RunConfig:
             raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
         if self.device_type not in DEVICE_TYPES:
             raise ConfigError(f"unknown device type {self.device_type!r}; choose from {', '.join(DEVICE_TYPES)}")
+        if not isinstance(self.nnodes, int) or self.nnodes < 1 or self.world_size % self.nnodes:
+            raise ConfigError(f"nnodes must be a positive integer dividing the world size, got {self.nnodes!r}")
         if self.device_type == "cpu":
             self.cudnn_benchmark = None  # nothing to switch: recorded as not applicable
         elif self.cudnn_benchmark is None:
             self.cudnn_benchmark = True  # what users run
         return self
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.world_size // self.nnodes
 
     @property
     def global_batch(self) -> int:
@@ -94,3 +101,16 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
         return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+@dataclass
+class Nodes:
+    """How a multi-node run is started (bench run --nnodes ...): launch settings, not part of the configuration.
+    Every node runs the same bench command; torchrun's c10d rendezvous at ``endpoint`` joins them."""
+    nnodes: int
+    node_rank: int
+    endpoint: str  # HOST:PORT of the rendezvous, on the first node
+    rdzv_id: str
+    join_timeout: float  # seconds the rendezvous waits for every node
+    hosts: str | None = None  # horovodrun -H host1:slots,host2:slots (node 0 starts Horovod runs)
+    local_addr: str | None = None  # torchrun --local-addr: this node's address as the others reach it

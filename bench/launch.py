@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 
 from bench import results
-from bench.config import ConfigError, RunConfig
-from bench.worker import OOM_MARKER
+from bench.config import ConfigError, Nodes, RunConfig
+from bench.worker import OOM_MARKER, REFUSED_MARKER
 
 LAUNCHERS = ("inproc", "torchrun", "spawn", "horovodrun")
 PORT_RETRIES = 3
@@ -38,7 +38,10 @@ def _tool(name: str) -> str | None:
     return str(here) if here.exists() else shutil.which(name)
 
 
-def command(launcher: str, world_size: int, spec_path: str) -> list[str]:
+def command(launcher: str, world_size: int, spec_path: str, nodes: Nodes | None = None, rdzv_id: str = "") -> list[str]:
+    """The command line that starts one run. ``nodes``: several machines, each running this same command; torchrun
+    joins them through its c10d rendezvous at the endpoint the user gave, horovodrun reaches the hosts it is given.
+    """
     py = sys.executable
     worker = ["-m", "bench.worker", "--spec", spec_path]
     if launcher == "inproc":
@@ -48,34 +51,54 @@ def command(launcher: str, world_size: int, spec_path: str) -> list[str]:
     if launcher == "torchrun":
         torchrun = _tool("torchrun")
         head = [torchrun] if torchrun else [py, "-m", "torch.distributed.run"]
-        return [*head, "--standalone", f"--nproc-per-node={world_size}", *worker]
+        if nodes is None or nodes.nnodes == 1:
+            return [*head, "--standalone", f"--nproc-per-node={world_size}", *worker]
+        return [*head, f"--nnodes={nodes.nnodes}", f"--nproc-per-node={world_size // nodes.nnodes}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes.endpoint}", f"--rdzv-id={rdzv_id or nodes.rdzv_id}",
+                f"--rdzv-conf=join_timeout={nodes.join_timeout:g}", "--max-restarts=0",
+                *([f"--local-addr={nodes.local_addr}"] if nodes.local_addr else []), *worker]
     if launcher == "horovodrun":
-        return [_tool("horovodrun") or "horovodrun", "-np", str(world_size), "-H", f"localhost:{world_size}",
-                "--gloo", py, *worker]
+        hosts = nodes.hosts if nodes is not None and nodes.nnodes > 1 else f"localhost:{world_size}"
+        return [_tool("horovodrun") or "horovodrun", "-np", str(world_size), "-H", hosts, "--gloo", py, *worker]
     raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
 
 
-def default_timeout(cfg: RunConfig) -> float:
-    """Generous: start-up (imports, rendezvous, cuDNN autotune) plus a budget per step."""
-    return 180.0 + 5.0 * (cfg.warmup + cfg.steps * cfg.windows)
+def launched_by(cfg: RunConfig, nodes: Nodes | None) -> str:
+    if cfg.launcher == "torchrun":
+        return "torchrun c10d rendezvous" if nodes is not None and nodes.nnodes > 1 else "torchrun --standalone"
+    return {"inproc": "in process", "spawn": "torch.multiprocessing.spawn", "horovodrun": "horovodrun"}[cfg.launcher]
+
+
+def default_timeout(cfg: RunConfig, nodes: Nodes | None = None) -> float:
+    """Generous: start-up (imports, rendezvous, cuDNN autotune) plus a budget per step; several nodes add the
+    time the rendezvous may wait for them, so a node that never joins fails as a rendezvous timeout."""
+    rendezvous = nodes.join_timeout if nodes is not None and nodes.nnodes > 1 else 0.0
+    return 180.0 + rendezvous + 5.0 * (cfg.warmup + cfg.steps * cfg.windows)
 
 
 def threads_per_rank(cfg: RunConfig) -> int:
-    procs = 1 if cfg.launcher == "inproc" else cfg.world_size
+    procs = 1 if cfg.launcher == "inproc" else cfg.nproc_per_node  # the ranks that share this machine's cores
     return max(1, (os.cpu_count() or 1) // procs)
 
 
 def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_env: dict | None = None,
             run_id: str | None = None, extra_spec: dict | None = None, timeout: float | None = None,
-            threads: int | None = None, memory_limit_gib: float | None = None) -> dict:
+            threads: int | None = None, memory_limit_gib: float | None = None, nodes: Nodes | None = None,
+            rdzv_id: str = "") -> dict:
     """Run one configuration to completion and return its record (also saved under ``results_dir``).
-    ``extra_spec`` reaches the worker in its spec (``{"task": "verify", ...}`` runs bench verify's rank code)."""
+    ``extra_spec`` reaches the worker in its spec (``{"task": "verify", ...}`` runs bench verify's rank code).
+
+    Several nodes (``nodes``): every node runs this; global rank 0, on whichever node the rendezvous put it,
+    writes the record. Skipped and failed records are written by node 0's harness only, so a shared results
+    directory gets exactly one record per run."""
     run_id = run_id or results.new_run_id(cfg.backend, cfg.world_size)
+    writer = nodes is None or nodes.node_rank == 0
     record = results.skeleton(cfg.to_dict(), run_id, {**env_meta, "started_at": results.utc_now()})
     reason = backend.unavailable(cfg)
     if reason:
         record.update(status="skipped", reason=reason)
-        results.save(record, results_dir)
+        if writer:
+            results.save(record, results_dir)
         return record
 
     logs = results_dir / "logs"
@@ -87,7 +110,7 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
     # The same share of the cores per rank whatever the launcher (torchrun alone would force 1 thread per
     # rank, mp.spawn and horovodrun would give each rank every core), so launchers are compared fairly.
     child_env["OMP_NUM_THREADS"] = str(threads)
-    timeout = cfg.timeout or timeout or default_timeout(cfg)
+    timeout = cfg.timeout or timeout or default_timeout(cfg, nodes)
 
     first_port = os.environ.get("BENCH_MASTER_PORT")  # a fixed first choice (firewalls; tests of the retry)
     if first_port and not first_port.isdigit():
@@ -96,13 +119,18 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
         port = int(first_port) if first_port and attempt == 1 else free_port()
         spec = {"config": cfg.to_dict(), "run_id": run_id, "results_dir": str(results_dir), "env": record["env"],
                 "master_port": port, "threads_per_rank": threads, "memory_limit_gib": memory_limit_gib,
-                **(extra_spec or {})}
+                "launched_by": launched_by(cfg, nodes), **(extra_spec or {})}
         spec_path.write_text(json.dumps(spec))
         start = log_path.stat().st_size if log_path.exists() else 0
-        rc, timed_out = _run_group(command(cfg.launcher, cfg.world_size, str(spec_path)), child_env, log_path, timeout)
+        cmd = command(cfg.launcher, cfg.world_size, str(spec_path), nodes, rdzv_id)
+        rc, timed_out = _run_group(cmd, child_env, log_path, timeout)
         saved = results_dir / f"{run_id}.json"
         if saved.exists():
             return json.loads(saved.read_text())
+        if nodes is not None and nodes.nnodes > 1 and rc == 0 and not timed_out:
+            # this node's ranks finished; global rank 0 was on another node and wrote the record there
+            record.update(status="ok", reason=f"record written by global rank 0 on another node (run {run_id})")
+            return record
         output = _read_from(log_path, start)  # this attempt's output only
         if not timed_out and rc != 0 and "address already in use" in output.lower() and attempt < PORT_RETRIES:
             with open(log_path, "a") as log:
@@ -110,13 +138,21 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
             continue  # someone took the port between our probe and the rendezvous: try a new one
         break
 
-    record.update(status="failed", reason=failure_reason(cfg, output, rc, timed_out, timeout, log_path))
-    results.save(record, results_dir)
+    record.update(status="failed", reason=failure_reason(cfg, output, rc, timed_out, timeout, log_path, nodes))
+    if writer:
+        results.save(record, results_dir)
     return record
 
 
-def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeout: float, log_path) -> str:
+def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeout: float, log_path,
+                   nodes: Nodes | None = None) -> str:
     """One line saying why a run left no record, from its exit status and everything its ranks printed."""
+    refused = next((line for line in output.splitlines() if line.startswith(REFUSED_MARKER)), None)
+    if refused:
+        return "refused: " + refused[len(REFUSED_MARKER):].strip()
+    if nodes is not None and nodes.nnodes > 1 and "RendezvousTimeoutError" in output:
+        return (f"rendezvous timeout: not all {nodes.nnodes} nodes joined the rendezvous at {nodes.endpoint} within "
+                f"{nodes.join_timeout:g} s (a node never started, or cannot reach the endpoint); log {log_path}")
     if timed_out:
         return f"timeout after {timeout:.0f} s (log: {log_path})"
     oom = next((line[len(OOM_MARKER):].strip() for line in output.splitlines() if line.startswith(OOM_MARKER)), None)

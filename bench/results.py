@@ -51,6 +51,8 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
         "backend": cfg["backend"],
         "launcher": cfg["launcher"],
         "world_size": cfg["world_size"],
+        "nnodes": cfg.get("nnodes", 1),
+        "nproc_per_node": cfg["world_size"] // cfg.get("nnodes", 1),
         "device_type": cfg["device_type"],
         "model": cfg["model"],
         "image_size": cfg["image_size"],
@@ -260,7 +262,7 @@ def _cpu_model() -> str | None:
 # both group with this, so "the same configuration" means one thing across the suite.
 
 CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "precision", "batch_per_device", "data",
-               "device_type", "hardware", "options", "cudnn_benchmark")
+               "device_type", "hardware", "options", "cudnn_benchmark", "nnodes")
 
 
 def hardware(rec: dict) -> str:
@@ -277,5 +279,6 @@ def config_key(rec: dict) -> tuple:
     """A hashable key: equal for records of the same configuration on the same hardware model."""
     values = {k: rec.get(k) for k in CONFIG_KEYS}
     values["hardware"] = hardware(rec)
+    values["nnodes"] = rec.get("nnodes") or 1
     values["options"] = json.dumps(rec.get("options") or {}, sort_keys=True)
     return tuple(values[k] for k in CONFIG_KEYS)

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import resource
+import socket
 import sys
 import time
 
@@ -29,6 +30,8 @@ from bench.faults import Fault
 
 OOM_MARKER = "BENCH-OOM:"  # the harness looks for this line in a failed run's stderr
 OOM_EXIT = 3
+REFUSED_MARKER = "BENCH-REFUSED:"  # ranks that do not all run the same thing: one line saying where they differ
+REFUSED_EXIT = 4
 
 
 def run(spec: dict) -> None:
@@ -43,6 +46,7 @@ def run(spec: dict) -> None:
         torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
+    hosts = check_fingerprints(backend, cfg, spec)  # before any timed work: every rank runs the same thing
     fault.install(backend)
     backend.batches = data.batches_for(cfg, backend)
     waited = getattr(backend.batches, "wait_seconds", None) is not None  # real data: time the input waits
@@ -109,6 +113,7 @@ def run(spec: dict) -> None:
     gathered = backend.all_gather(mine)
     if backend.rank == 0:
         record = build_record(cfg, spec, gathered)
+        record.update(hosts=hosts, launched_by=spec.get("launched_by"))
         results.save(record, spec["results_dir"])
     backend.barrier()  # nobody tears the process group down while rank 0 still needs it
     backend.teardown()
@@ -134,6 +139,46 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool) -> dict:
         out["skipped"].append(skips(scale, backend.loss_scale()))
         out["energy"].append(window_energy(joules, meter.read()))
     return out
+
+
+CONFIG_NOT_COMPARED = ("timeout", "note")  # may differ between nodes without changing what is measured
+
+
+def fingerprint(cfg: RunConfig, spec: dict) -> dict:
+    """What must be the same on every rank: the hardware and software of its node and the benchmark config."""
+    env = spec.get("env") or {}
+    return {"host": socket.gethostname(),
+            "gpu": [env.get("gpu_count"), env.get("gpu_names"), env.get("driver")],
+            "software": [env.get(k) for k in ("torch", "cuda", "nccl", "cudnn")],
+            "config": {k: v for k, v in cfg.to_dict().items() if k not in CONFIG_NOT_COMPARED}}
+
+
+def first_difference(a: dict, b: dict, path: str = "") -> str | None:
+    for key in a:
+        if key == "host":
+            continue
+        x, y = a[key], b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            found = first_difference(x, y, f"{path}{key} ")
+            if found:
+                return found
+        elif x != y:
+            return f"{path}{key}: {y!r} vs {x!r} on rank 0"
+    return None
+
+
+def check_fingerprints(backend, cfg: RunConfig, spec: dict) -> list[str]:
+    """All-gather every rank's fingerprint; refuse (one line, exit 4 on every rank) when one differs from rank
+    0's, as PyTorch's own DDP benchmark does. Returns the host of each rank."""
+    prints = backend.all_gather(fingerprint(cfg, spec))
+    for rank, fp in enumerate(prints):
+        diff = first_difference(prints[0], fp)
+        if diff:
+            print(f"{REFUSED_MARKER} rank {rank} on {fp['host']} differs from rank 0 on {prints[0]['host']} in "
+                  f"{diff} (start every node with the same command and software)", file=sys.stderr, flush=True)
+            backend.teardown()
+            sys.exit(REFUSED_EXIT)
+    return [fp["host"] for fp in prints]
 
 
 def compute_only_reason(backend, cfg: RunConfig) -> str | None:

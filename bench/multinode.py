@@ -1,0 +1,165 @@
+"""Beyond one machine, on the engines people already use. The suite never starts processes on other machines
+itself: every node runs the same ``bench run --nnodes N --node-rank R --rdzv-endpoint HOST:PORT`` and torchrun's
+c10d rendezvous joins them; horovodrun reaches the hosts it is given (``--hosts``); Slurm's srun starts the
+command on every node (scripts/slurm/bench.sbatch); any other engine that sets RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR and MASTER_PORT runs ``bench run --external`` in every process it starts (Kubeflow's PyTorchJob,
+Ray). Every rank checks that all ranks run the same thing before any timed work (bench/worker.py).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from bench.config import Nodes
+
+EXTERNAL_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def add_arguments(r) -> None:
+    g = r.add_argument_group("several nodes (README: Several nodes); every node runs the same command")
+    g.add_argument("--nnodes", type=int, default=1, help="machines in each run (default 1)")
+    g.add_argument("--node-rank", type=int, help="this machine's index, 0 .. nnodes-1 (node 0 writes failed and "
+                                                 "skipped records and starts Horovod runs)")
+    g.add_argument("--rdzv-endpoint", help="HOST:PORT of torchrun's c10d rendezvous, on one of the nodes")
+    g.add_argument("--rdzv-id", default="bench", help="rendezvous id, the same on every node (default bench; each "
+                                                      "run of the sweep appends its index)")
+    g.add_argument("--rdzv-timeout", type=float, default=300,
+                   help="seconds the rendezvous waits for every node before the run fails (default 300)")
+    g.add_argument("--local-addr", help="this node's address as the others reach it (torchrun --local-addr)")
+    g.add_argument("--hosts", help="horovodrun -H: host1:slots,host2:slots (Horovod runs start on node 0 only)")
+    g.add_argument("--external", action="store_true",
+                   help="run this process as one rank of a run started by another engine, which has set RANK, "
+                        "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (Kubeflow, Ray, Slurm srun)")
+
+
+def parse_nodes(args) -> Nodes | None:
+    """The validated multi-node settings, or None for one node. Raises UsageError on bad values."""
+    from bench.cli import UsageError
+
+    if args.nnodes is None or args.nnodes == 1:
+        for flag in ("node_rank", "rdzv_endpoint", "hosts"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} is for several nodes; give --nnodes N (N > 1) too")
+        return None
+    if args.nnodes < 1:
+        raise UsageError(f"--nnodes must be a positive integer, got {args.nnodes}")
+    if args.node_rank is None or not 0 <= args.node_rank < args.nnodes:
+        raise UsageError(f"--node-rank must be 0 .. {args.nnodes - 1} with --nnodes {args.nnodes}, got {args.node_rank}")
+    if not args.rdzv_endpoint or not re.fullmatch(r"\[?[\w.:-]+\]?:\d{1,5}", args.rdzv_endpoint):
+        raise UsageError(f"--rdzv-endpoint {args.rdzv_endpoint!r}: expected HOST:PORT of the rendezvous, the same on "
+                         "every node (e.g. node01:29500)")
+    if args.rdzv_timeout <= 0:
+        raise UsageError(f"--rdzv-timeout must be a positive number of seconds, got {args.rdzv_timeout:g}")
+    return Nodes(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                 join_timeout=args.rdzv_timeout, hosts=args.hosts, local_addr=args.local_addr)
+
+
+def check_hosts(hosts: str | None, world_size: int) -> str | None:
+    """Why horovodrun -H cannot start ``world_size`` ranks from ``hosts``, or None."""
+    if not hosts:
+        return "Horovod across nodes needs --hosts host1:slots,host2:slots (horovodrun -H)"
+    try:
+        slots = sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(","))
+    except (IndexError, ValueError):
+        return f"--hosts {hosts!r}: expected host1:slots,host2:slots"
+    if slots != world_size:
+        return f"--hosts {hosts!r} has {slots} slots for a world size of {world_size}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# bench run --external: one rank of a run another engine started
+
+def run_external(args, configs) -> int:
+    """Run the single planned configuration as this process's rank; global rank 0 writes the record."""
+    import socket
+
+    from bench import results, worker
+    from bench.cli import UsageError
+
+    if len(configs) != 1 or configs[0].launcher != "torchrun":
+        raise UsageError("--external runs one torch.distributed backend (launched by torchrun otherwise: ddp, "
+                         "ddp_amp_syncbn, fsdp2, ds_zero1/2/3, ddp_zero, allreduce_manual) at the world size the "
+                         f"engine set; got {', '.join(f'{c.backend} x{c.world_size}' for c in configs)}")
+    cfg = configs[0]
+    os.environ.setdefault("LOCAL_RANK", "0")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    rank = int(os.environ["RANK"])
+    spec = {"config": cfg.to_dict(), "run_id": results.new_run_id(cfg.backend, cfg.world_size),
+            "results_dir": args.results, "env": results.collect_env(), "threads_per_rank": max(1, (os.cpu_count() or 1)
+                                                                                                // local),
+            "launched_by": "external", "master_port": int(os.environ["MASTER_PORT"])}
+    print(f"bench run --external: rank {rank} of {cfg.world_size} on {socket.gethostname()}, {cfg.backend}",
+          file=sys.stderr, flush=True)
+    worker._guarded(spec)
+    return 0
+
+
+def external_world(args) -> tuple[int, int]:
+    """(world size, nodes) from the environment an external engine set; UsageError naming what is missing."""
+    from bench.cli import UsageError
+
+    missing = [k for k in EXTERNAL_ENV if not os.environ.get(k)]
+    if missing:
+        raise UsageError(f"--external needs {', '.join(EXTERNAL_ENV)} (and LOCAL_RANK) from the engine that started "
+                         f"this process; missing: {', '.join(missing)}")
+    try:
+        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        raise UsageError(f"WORLD_SIZE {os.environ['WORLD_SIZE']!r} and LOCAL_WORLD_SIZE must be integers") from None
+    if world < 1 or local < 1 or world % local:
+        raise UsageError(f"WORLD_SIZE {world} must be a positive multiple of LOCAL_WORLD_SIZE {local}")
+    return world, world // local
+
+
+# ---------------------------------------------------------------------------------------------------
+# Slurm
+
+def expand_nodelist(text: str) -> list[str]:
+    """Slurm's compressed host list, as ``scontrol show hostnames`` expands it: ``gpu[01-03,07],login1`` ->
+    gpu01, gpu02, gpu03, gpu07, login1 (zero padding kept)."""
+    hosts, depth, part = [], 0, ""
+    for ch in text + ",":
+        if ch == "," and depth == 0:
+            if part:
+                hosts.extend(_expand_one(part))
+            part = ""
+            continue
+        depth += (ch == "[") - (ch == "]")
+        part += ch
+    return hosts
+
+
+def _expand_one(part: str) -> list[str]:
+    m = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
+    if not m:
+        return [part]
+    prefix, ranges, rest = m.groups()
+    out = []
+    for r in ranges.split(","):
+        lo, _, hi = r.partition("-")
+        width = len(lo)
+        for i in range(int(lo), int(hi or lo) + 1):
+            out.extend(f"{prefix}{i:0{width}d}{tail}" for tail in _expand_one(rest))
+    return out
+
+
+def register(sub) -> None:
+    n = sub.add_parser("nodelist", help="expand a Slurm node list (SLURM_JOB_NODELIST) into one host per line")
+    n.add_argument("nodelist")
+    n.add_argument("--first", action="store_true", help="print the first host only (the rendezvous host)")
+    n.set_defaults(func=cmd_nodelist)
+
+
+def cmd_nodelist(args) -> int:
+    from bench.cli import UsageError
+
+    try:
+        hosts = expand_nodelist(args.nodelist)
+    except ValueError:
+        raise UsageError(f"node list {args.nodelist!r}: expected Slurm's form, e.g. gpu[01-04],login1") from None
+    if not hosts:
+        raise UsageError(f"node list {args.nodelist!r} names no host")
+    print("\n".join(hosts[:1] if args.first else hosts))
+    return 0
