@@ -129,7 +129,8 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
             return json.loads(saved.read_text())
         if nodes is not None and nodes.nnodes > 1 and rc == 0 and not timed_out:
             # this node's ranks finished; global rank 0 was on another node and wrote the record there
-            record.update(status="ok", reason=f"record written by global rank 0 on another node (run {run_id})")
+            record.update(status="ok", record_elsewhere=True,
+                          reason=f"record written by global rank 0 on another node (run {run_id})")
             return record
         output = _read_from(log_path, start)  # this attempt's output only
         if not timed_out and rc != 0 and "address already in use" in output.lower() and attempt < PORT_RETRIES:

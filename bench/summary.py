@@ -7,6 +7,8 @@ from rich.table import Table
 
 
 def one_line(rec: dict) -> str:
+    if rec.get("record_elsewhere"):
+        return f"ok: {rec['reason']}"
     if rec["status"] == "ok":
         lo, hi = rec["throughput_ci95"]
         return (f"ok: {rec['throughput']:.1f} img/s global (95% CI {lo:.1f}-{hi:.1f}), "
@@ -24,8 +26,8 @@ def print_table(records: list[dict], console: Console | None = None) -> None:
                          ("per-device img/s", "right"), ("precision", "left"), ("status", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for r in records:
-        ok = r["status"] == "ok"
-        status = "ok" if ok else f"{r['status']}: {r['reason']}"
+        ok = r["status"] == "ok" and not r.get("record_elsewhere")
+        status = f"{r['status']}: {r['reason']}" if r["status"] != "ok" or r.get("record_elsewhere") else "ok"
         if ok and r.get("replicas_consistent") is False:
             status = "ok, but replicas DIFFER after training"
         table.add_row(r["backend"], str(r["world_size"]), f"{r['throughput']:.1f}" if ok else "-",

@@ -290,3 +290,24 @@ def test_memory_headroom_and_training_equivalence_sections(tmp_path, capsys):
     eq = md.split("## Training equivalence (bench verify)")[1]
     assert "**1 FAILED.**" in eq and "| ddp | 2 | fp32 | single @ batch 128 as 2 micro-batches | 0.00e+00 |" in eq
     assert "| FAIL: final parameters are 0.4 of the reference's update away from it |" in eq
+
+
+def test_runs_over_several_nodes_split_intra_and_inter_node_efficiency(tmp_path):
+    """ddp at 8 = 2 nodes x 4: intra-node efficiency is ddp@4 on one node vs ddp@1, inter-node is thr(2x4) against
+    2 x thr(ddp@4 on one node)."""
+    def two_nodes(rec):
+        rec.update(nnodes=2, nproc_per_node=4)
+        return rec
+
+    raw = write(tmp_path, make("single", 1, 100.0), make("ddp", 1, 100.0), make("ddp", 4, 360.0),
+                make("ddp", 8, 720.0), two_nodes(make("ddp", 8, 576.0)))
+    code, _ = run_report(raw, tmp_path / "rep")
+    assert code == 0
+    rows = pd.read_csv(tmp_path / "rep" / "summary.csv")
+    multi = rows[(rows.backend == "ddp") & (rows.nnodes == 2)].iloc[0]
+    assert (multi.world_size, multi.eff_vs_single_pct) == (8, 72.0)
+    assert (multi.intra_node_eff_pct, multi.inter_node_eff_pct) == (90.0, 80.0)
+    one = rows[(rows.backend == "ddp") & (rows.world_size == 8) & (rows.nnodes == 1)].iloc[0]
+    assert one.eff_vs_single_pct == 90.0 and pd.isna(one.inter_node_eff_pct)
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert "| ddp (2 nodes × 4) | 8 | fp32 | 576.0 img/s | 72.0 % | 72.0 % | 90.0 % | 80.0 % |" in md

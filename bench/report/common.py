@@ -38,6 +38,8 @@ def label(r: dict) -> str:
     extra = [f"{k}={v}" for k, v in options.items() if v not in (None, False, "none")]
     if r.get(KNOB) is False:
         extra.append("cudnn.benchmark off")
+    if (r.get("nnodes") or 1) > 1:
+        extra.append(f"{r['nnodes']} nodes × {r['world_size'] // r['nnodes']}")
     return r["backend"] + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -50,8 +52,8 @@ def groups(rows: list[dict], keys: tuple) -> list[tuple[tuple, list[dict]]]:
 
 def sort_rows(rows: list[dict]) -> list[dict]:
     rank = lambda b: (ORDER.index(b), "") if b in ORDER else (len(ORDER), str(b))  # noqa: E731
-    return sorted(rows, key=lambda r: (r["world_size"], rank(r["backend"]), str(r["precision"]), r["options"],
-                                       r.get(KNOB) is False))
+    return sorted(rows, key=lambda r: (r.get("nnodes") or 1, r["world_size"], rank(r["backend"]), str(r["precision"]),
+                                       r["options"], r.get(KNOB) is False))
 
 
 def slug(*parts, hw: str) -> str:

@@ -48,7 +48,9 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                    f"Efficiency = thr(backend, N) / (N × thr(baseline, 1)). *vs single@1*: baseline `{BASELINE}` at "
                    "world size 1 with the same model, image size, precision, per-device batch, data and hardware "
                    "(backend options not matched). *vs own@1*: the same backend and options at world size 1. "
-                   "An empty cell means that baseline is not in these records.", "",
+                   "An empty cell means that baseline is not in these records. Runs over several nodes (`k nodes × m`) also "
+                   "show *intra-node* efficiency (the same backend on one node at m, vs own@1) and *inter-node* "
+                   "efficiency (thr / (k × thr of that one-node run)): what crossing the network costs.", "",
                    efficiency_table(ok, unit), "", "**3. Memory** (timed-window peak per GPU, or per rank on CPU, after warm-up; warm-up's own peak "
                    "in the last column; every ok run)", "",
                    memory_table(ok, device), ""] + eval_table(ok, label) + comm.comm_table(ok, unit) \
@@ -114,10 +116,16 @@ def throughput_table(ok: list[dict], unit: str) -> str:
 
 
 def efficiency_table(ok: list[dict], unit: str) -> str:
+    """With runs over several nodes, two more columns split their efficiency: within a node (the same backend on
+    one node at the processes per node, vs its own @1) and across nodes (vs node count × that one-node run)."""
+    nodes = any((r.get("nnodes") or 1) > 1 for r in ok)
+    extra = ["intra-node efficiency", "inter-node efficiency"] if nodes else []
     return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1",
-                     "efficiency vs own@1"],
+                     "efficiency vs own@1", *extra],
                     [[label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], "img/s"),
-                      fmt(r["eff_vs_single_pct"], "%"), fmt(r["eff_vs_own_ws1_pct"], "%")] for r in ok], {1, 3, 4, 5})
+                      fmt(r["eff_vs_single_pct"], "%"), fmt(r["eff_vs_own_ws1_pct"], "%")]
+                     + ([fmt(r.get("intra_node_eff_pct"), "%"), fmt(r.get("inter_node_eff_pct"), "%")] if nodes else [])
+                     for r in ok], {1, 3, 4, 5, 6, 7})
 
 
 def memory_table(ok: list[dict], device: str) -> str:

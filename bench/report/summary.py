@@ -124,9 +124,21 @@ def add_efficiency(s):
     for col, table, keys in (("eff_vs_single_pct", single, BASELINE_MATCH), ("eff_vs_own_ws1_pct", own, OWN_MATCH)):
         bases = [base_of(r, table, keys) if r["global_img_s"] else None for r in rows]
         s[col] = [100.0 * r["global_img_s"] / (r["world_size"] * b) if b else None for r, b in zip(rows, bases)]
+    # Several nodes: intra-node = the same backend on one node at the processes per node, against its own @1;
+    # inter-node = thr(N over k nodes) / (k x thr(N/k on one node)), what crossing the network costs.
+    one_node = {(key(r, OWN_MATCH), r["world_size"], r[KNOB]): r for r in rows
+                if (r.get("nnodes") or 1) == 1 and r["global_img_s"]}
+    own_eff, intra, inter = list(s["eff_vs_own_ws1_pct"]), [], []
+    for r in rows:
+        nodes = r.get("nnodes") or 1
+        local = one_node.get((key(r, OWN_MATCH), r["world_size"] // nodes, r[KNOB])) if nodes > 1 else None
+        intra.append(own_eff[rows.index(local)] if local is not None else None)
+        inter.append(100.0 * r["global_img_s"] / (nodes * local["global_img_s"])
+                     if local is not None and r["global_img_s"] else None)
+    s["intra_node_eff_pct"], s["inter_node_eff_pct"] = intra, inter
     best = {}
     for i, r in enumerate(rows):
-        k = key(r, SECTION + WORKLOAD + ("world_size", "precision"))
+        k = key(r, SECTION + WORKLOAD + ("world_size", "precision")) + (r.get("nnodes") or 1,)
         if r["global_img_s"] and (k not in best or r["global_img_s"] > rows[best[k]]["global_img_s"]):
             best[k] = i
     s["best_at_world_size"] = [i in best.values() for i in range(len(rows))]
