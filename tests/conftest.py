@@ -31,3 +31,17 @@ def records(directory) -> list[dict]:
 @pytest.fixture
 def results_dir(tmp_path):
     return tmp_path / "raw"
+
+
+def cli_error(capsys, *args, env=None, monkeypatch=None):
+    """A bad-input check in this process (no torch start-up per case): ``bench.cli.main`` with ``args``; returns
+    (exit code, stderr). The message path is the same one a user's ``python -m bench`` takes (one subprocess test
+    per command keeps that honest)."""
+    from bench import cli
+
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v) if v else monkeypatch.delenv(k, raising=False)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(map(str, args)))
+    return e.value.code, capsys.readouterr().err

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench import maxbatch
-from tests.conftest import TINY, bench, records
+from tests.conftest import TINY, bench, cli_error, records
 
 NEW = ("fsdp2", "ds_zero1", "ds_zero2", "ds_zero3", "ddp_zero", "allreduce_manual")
 
@@ -108,10 +108,10 @@ def test_compile_happens_in_warmup_and_its_time_is_its_own_field(results_dir):
     (["--find-max-batch", "--memory-limit-gib", "-1"], "bench: error: --memory-limit-gib -1: a positive number of "
                                                        "GiB, for CPU runs only"),
 ])
-def test_knob_bad_input(results_dir, args, message):
-    proc = bench("run", "--backends", "single", "--gpus", 1, *TINY, *args, "--results", results_dir)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert proc.stderr.startswith(message), proc.stderr
+def test_knob_bad_input(results_dir, args, message, capsys):
+    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", 1, *TINY, *args, "--results", results_dir)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(message), err
 
 
 # ---------------------------------------------------------------------------------------------------

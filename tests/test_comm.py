@@ -8,7 +8,7 @@ import torch
 
 from bench import cli, energy, flops, predict
 from bench.report import comm
-from tests.conftest import bench
+from tests.conftest import bench, cli_error
 
 GiB = 2 ** 30
 
@@ -170,6 +170,6 @@ def test_collectives_over_gloo_and_horovod(tmp_path):
     (["--ops", "all_to_all"], "bench: error: unknown collective all_to_all; choose from all_reduce, reduce_scatter"),
     (["--max-bytes", "lots"], "bench: error: message size 'lots': expected bytes or a size such as 4K, 16M, 1G"),
 ])
-def test_collectives_bad_input(tmp_path, args, message):
-    proc = bench("collectives", "--device", "cpu", *args, "--results", tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
+def test_collectives_bad_input(tmp_path, args, message, capsys):
+    code, err = cli_error(capsys, "collectives", "--device", "cpu", *args, "--results", tmp_path)
+    assert code == 2 and err.startswith(message), err

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, TINY, bench, records
+from tests.conftest import REPO, TINY, bench, cli_error, records
 from tests.test_faults import _leftovers
 
 
@@ -104,11 +104,12 @@ def test_external_launcher_entry_with_the_environment_set_by_hand(tmp_path):
     assert rec["hosts"] == [socket.gethostname()] * 2
 
 
-def test_external_without_the_engine_environment_is_one_line(tmp_path):
+def test_external_without_the_engine_environment_is_one_line(tmp_path, capsys, monkeypatch):
     env = {k: "" for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    proc = bench("run", "--external", "--backends", "ddp", *TINY, "--results", tmp_path, env=env)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == ("bench: error: --external needs RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and "
+    code, err = cli_error(capsys, "run", "--external", "--backends", "ddp", *TINY, "--results", tmp_path, env=env,
+                          monkeypatch=monkeypatch)
+    assert code == 2
+    assert err.strip() == ("bench: error: --external needs RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and "
                                    "LOCAL_RANK) from the engine that started this process; missing: RANK, "
                                    "WORLD_SIZE, MASTER_ADDR, MASTER_PORT")
 
@@ -122,9 +123,9 @@ def test_external_without_the_engine_environment_is_one_line(tmp_path):
     (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--backends", "horovod", "--hosts", "a:1,b:2"],
      "--hosts 'a:1,b:2' has 3 slots for a world size of 2"),
 ])
-def test_bad_node_arguments_are_one_line(tmp_path, args, message):
-    proc = bench("run", "--gpus", "1", "--device", "cpu", *args, "--results", tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip() == f"bench: error: {message}"
+def test_bad_node_arguments_are_one_line(tmp_path, args, message, capsys):
+    code, err = cli_error(capsys, "run", "--gpus", "1", "--device", "cpu", *args, "--results", tmp_path)
+    assert code == 2 and err.strip() == f"bench: error: {message}"
 
 
 def test_nodelist_expands_slurm_host_lists():

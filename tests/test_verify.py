@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench.evaluate import exact_shard
-from tests.conftest import bench
+from tests.conftest import bench, cli_error
 
 # Small and quick: what matters is that the arithmetic is compared, not how long it trains.
 QUICK = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--steps", "6",
@@ -53,12 +53,12 @@ def test_injected_faults_fail_verify_naming_the_backend_and_the_deviation(tmp_pa
     assert rows[("ddp", 2)]["param_distance"] > 0.1 and rows[("ddp_spawn", 2)]["param_distance"] > 0.1
 
 
-def test_verify_bad_input_is_one_line(tmp_path):
+def test_verify_bad_input_is_one_line(tmp_path, capsys):
     for args, message in ((["--backends", "nope"], "bench: error: unknown backend nope; choose from "),
                           (["--steps", "0"], "bench: error: --steps must be a positive integer, got 0")):
-        proc = bench("verify", *args, "--device", "cpu", "--results", tmp_path)
-        assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
+        code, err = cli_error(capsys, "verify", *args, "--device", "cpu", "--results", tmp_path)
+        assert code == 2 and err.startswith(message), err
+        assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("size", [1, 5, 37, 64, 250])
