@@ -146,10 +146,18 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             cfg.workers = data.default_workers(n)  # per device, for every backend
         configs.append(cfg)
 
+    # On CPU a sweep (no --gpus) runs the multi-process backends at its largest world size only: CPU figures say
+    # nothing about scaling, and it keeps `make bench` on a laptop within minutes. --gpus 1,2 runs every size.
+    cpu_top = max(sizes) if device_type == "cpu" and not args.gpus and nnodes == 1 and len(sizes) > 1 else None
+    if cpu_top:
+        notes.append(f"CPU sweep: backends other than single run at {cpu_top} workers only (--gpus 1,{cpu_top} runs "
+                     "every size)")
     for name in names:
         backend = backends.create(name)
         limit = getattr(backend, "max_world_size", None)
         for n in sizes:
+            if cpu_top and n != cpu_top and name != "single":
+                continue
             if limit and n > limit:
                 if nnodes == 1:
                     notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world "

@@ -110,6 +110,9 @@ def test_plan_matches_precisions_and_adds_the_dataparallel_cudnn_variant(monkeyp
     # on CPU: no cuDNN, and no fp16 single for a backend that cannot run there
     cpu = _plan(monkeypatch, "--backends", "single,ddp_amp_syncbn", "--gpus", "1", device=("cpu", 2))
     assert cpu == [("single", 1, "fp32", None), ("ddp_amp_syncbn", 1, "fp16", None)]
+    # a CPU sweep (make bench): the multi-process backends at the top world size only, single at 1
+    sweep = _plan(monkeypatch, "--backends", "single,ddp,fsdp2", "--max-gpus", "all", device=("cpu", 2))
+    assert sweep == [("single", 1, "fp32", None), ("ddp", 2, "fp32", None), ("fsdp2", 2, "fp32", None)]
 
 
 def test_workers_are_per_device_for_every_backend(monkeypatch):
