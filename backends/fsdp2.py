@@ -7,9 +7,10 @@ the PyTorch FSDP2 tutorial and torchtitan do.
 
 Precision goes through ``MixedPrecisionPolicy``, not autocast: bf16/fp16 parameters for the all-gather and
 compute, fp32 gradient reduction. BatchNorm in a low-precision parameter dtype is a known pitfall (its
-statistics and affine parameters lose precision), so ``param_dtype_override_fn`` keeps BatchNorm's parameters
-in fp32; BatchNorm then takes half inputs with fp32 weights, as it does under autocast. fp16 adds a GradScaler
-(CUDA only).
+statistics and affine parameters lose precision), so BatchNorm's parameters stay in fp32: through the policy's
+``param_dtype_override_fn`` where torch has it, else (torch 2.14 and older) through an fp32 ``fully_shard`` group
+of its own per BatchNorm layer, which costs one more all-gather per layer (recorded as ``norm_fp32_via``).
+BatchNorm then takes half inputs with fp32 weights, as it does under autocast. fp16 adds a GradScaler (CUDA only).
 """
 import contextlib
 import dataclasses
@@ -30,11 +31,20 @@ class FSDP2(DDP):
         self.init_process_group(cfg)
         model = build_model(cfg).to(self.device)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-        norm = {id(p) for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                for p in m.parameters()}
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None,
-                                      param_dtype_override_fn=lambda p: torch.float32 if id(p) in norm else None)
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         mesh = init_device_mesh(cfg.device_type, (self.world_size,))
+        self.norm_fp32_via = None
+        if dtype and norms:
+            if "param_dtype_override_fn" in {f.name for f in dataclasses.fields(MixedPrecisionPolicy)}:
+                ids = {id(p) for m in norms for p in m.parameters()}
+                policy = dataclasses.replace(policy, param_dtype_override_fn=lambda p: torch.float32 if id(p) in ids else None)
+                self.norm_fp32_via = "param_dtype_override_fn"
+            else:  # torch <= 2.14: each BatchNorm its own fp32 group; its input stays in the compute dtype
+                fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+                for norm in norms:
+                    fully_shard(norm, mesh=mesh, mp_policy=fp32)
+                self.norm_fp32_via = "fully_shard per BatchNorm"
         for block in blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         # the root also returns fp32 logits, so the loss is computed in fp32 as under autocast
@@ -61,6 +71,7 @@ class FSDP2(DDP):
     def describe(self):
         info = super().describe()
         info.update(autocast_dtype=None, param_dtype=str(self.param_dtype or torch.float32).removeprefix("torch."),
+                    norm_fp32_via=self.norm_fp32_via,
                     sharded_parameters=sum(1 for p in self.module.parameters() if hasattr(p, "full_tensor")))
         return info
 

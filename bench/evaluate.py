@@ -5,8 +5,10 @@ and ``model.eval()``; the sums of loss, correct predictions and samples are all-
 DataParallel and ``single`` evaluate the whole set in one process.
 
 DistributedSampler pads the set to a multiple of the world size by repeating its first samples, which would
-count them twice. ``exact_shard`` drops the padded positions, so every sample is counted exactly once and
-``eval_samples`` is the set's size, never the padded size.
+count them twice. Every rank still runs the padded shard, so all ranks run the same number of forwards (FSDP2
+and ZeRO-3 all-gather parameters in each forward, and a rank with one batch fewer would leave the others
+waiting forever), but the padded positions are masked out of the sums (``exact_shard`` lists the kept ones):
+every sample is counted exactly once and ``eval_samples`` is the set's size, never the padded size.
 """
 from __future__ import annotations
 
@@ -20,10 +22,15 @@ def exact_shard(size: int, world_size: int, rank: int) -> list[int]:
     """Rank ``rank``'s indices from DistributedSampler(shuffle=False), without the padding it adds: the padded
     list is range(size) followed by repeats, rank r takes positions r, r + N, ...; positions >= size are the
     repeats."""
+    return [i for i, keep in _padded_shard(size, world_size, rank) if keep]
+
+
+def _padded_shard(size: int, world_size: int, rank: int) -> list[tuple[int, bool]]:
+    """DistributedSampler(shuffle=False)'s indices for ``rank``, each with whether it is a real position."""
     from torch.utils.data import DistributedSampler
 
     sampler = DistributedSampler(range(size), num_replicas=world_size, rank=rank, shuffle=False)
-    return [i for j, i in enumerate(sampler) if j * world_size + rank < size]
+    return [(i, j * world_size + rank < size) for j, i in enumerate(sampler)]
 
 
 def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
@@ -34,8 +41,10 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     from torch.utils.data import DataLoader, Subset
 
     distributed = backend.launcher != "inproc"
-    indices = exact_shard(len(dataset), backend.world_size, backend.rank) if distributed else range(len(dataset))
-    loader = DataLoader(Subset(dataset, list(indices)), batch_size=batch_size, shuffle=False, num_workers=workers)
+    shard = (_padded_shard(len(dataset), backend.world_size, backend.rank) if distributed
+             else [(i, True) for i in range(len(dataset))])
+    loader = DataLoader(Subset(dataset, [i for i, _ in shard]), batch_size=batch_size, shuffle=False, num_workers=workers)
+    keep_all = torch.tensor([k for _, k in shard], dtype=torch.bool, device=backend.data_device)
     device = backend.data_device
     model = backend.model
     was_training = model.training
@@ -44,14 +53,21 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     backend.barrier()
     t0 = time.perf_counter()
     with torch.no_grad():
+        seen = 0
         for item in loader:
             images, targets = item[0].to(device), item[1].to(device)
+            keep = keep_all[seen:seen + len(targets)]
+            seen += len(targets)
             with torch.autocast(backend.device_type, dtype=backend.autocast_dtype,
                                 enabled=backend.autocast_dtype is not None):
                 out = model(images)
-            sums[0] += F.cross_entropy(out.float(), targets, reduction="sum").double()
-            sums[1] += (out.argmax(dim=1) == targets).sum()
-            sums[2] += targets.numel()
+            losses = F.cross_entropy(out.float(), targets, reduction="none")
+            sums[0] += losses[keep].sum().double()
+            sums[1] += (out.argmax(dim=1) == targets)[keep].sum()
+            sums[2] += keep.sum()
+    reshard = getattr(model, "reshard", None)
+    if callable(reshard):  # FSDP2 leaves the root's parameters unsharded after a forward with no backward
+        reshard()
     for d in backend.devices():
         if d.type == "cuda":
             torch.cuda.synchronize(d)
