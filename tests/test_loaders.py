@@ -129,6 +129,26 @@ def test_gray_cmyk_palette_tiny_and_large_images_come_out_rgb(tree):
     assert images.shape == (5, 3, 32, 32) and refused == 0
 
 
+def test_a_jpeg_the_gpu_decoder_refuses_is_replaced_within_its_batch_and_counted(tree, monkeypatch, capfd):
+    import torchvision.io
+
+    real = torchvision.io.decode_jpeg
+    bad = torch.frombuffer(bytearray(b"\xff\xd8 broken past a good header"), dtype=torch.uint8)
+
+    def decode(data, **kw):
+        items = data if isinstance(data, list) else [data]
+        if any(t is bad for t in items):
+            raise RuntimeError("nvjpeg: bitstream error")
+        return real(data, **kw)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", decode)
+    ds = data.SkippingImageFolder(tree / "train", load=loaders.tv.ReadForGpu())
+    good = [ds[i][0] for i in range(3)]
+    images, refused = loaders.tv.decode_and_augment([good[0], bad, good[1], good[2]], 32, torch.device("cpu"))
+    assert images.shape == (4, 3, 32, 32) and refused == 1 and torch.isfinite(images).all()
+    assert "warning: skipping image the GPU decoder refused: nvjpeg: bitstream error" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("labels", ["LOC_val_solution.csv", "val.txt"])
 def test_flat_val_with_a_labels_file(tree, tmp_path, labels):
     root = tree
