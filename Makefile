@@ -12,8 +12,12 @@ RESULTS ?= results/raw
 REPORT  ?= results/report
 ARGS    ?=
 DATA    ?=
-# DATA=/path/to/imagenet measures the real input pipeline (DIR/train/<class>/*.JPEG) instead of synthetic data.
-DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA))
+# DATA=/path/to/imagenet measures the real input pipeline (DIR/train/<class>/*.JPEG) with LOADER (torchvision or
+# dali) instead of synthetic data; see bench/loaders.
+LOADER  ?= torchvision
+DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA) --loader $(LOADER))
+# bench loader's flags (its image size and batch default to bench run's; pass the same ones as in ARGS)
+LOADER_ARGS ?= $(if $(filter-out all,$(GPUS)),--ranks $(GPUS))
 
 .PHONY: install horovod bench report test list clean regress baseline verify
 
@@ -38,9 +42,15 @@ install: $(STAMP) horovod
 # The default suite on synthetic data on every device found; GPUS=N sweeps 1, 2, 4, ... up to N.
 # Every run also measures its compute-only reference (exposed communication); a short collectives sweep gives
 # the bus bandwidth the report and `bench predict` use.
+# With DATA, the same sweep also runs on synthetic data (the model alone) and `bench loader` measures every
+# loader's ceiling (no model), so the report's "Input bound" section can compare the three.
 COLLECTIVES_ARGS ?= --iters 5
 bench: install
 	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS); status=$$?; \
+	if [ -n "$(DATA)" ]; then \
+	  $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(ARGS) || status=1; \
+	  $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS) || status=1; \
+	fi; \
 	$(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS) || status=1; \
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
 

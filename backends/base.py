@@ -36,6 +36,12 @@ class Backend:
     # -- run in the harness process, before launching: cheap, imports nothing heavy --------------
     def unavailable(self, cfg) -> str | None:
         """Why this backend cannot run ``cfg`` on this machine (a reason and a fix), or None."""
+        if getattr(cfg, "data", "synthetic") == "imagenet":
+            from bench import loaders
+
+            missing = loaders.unavailable(cfg.loader or "torchvision")
+            if missing:
+                return missing
         if cfg.precision == "fp16" and cfg.device_type == "cpu":
             return "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"
         if getattr(cfg, "nnodes", 1) > 1 and self.launcher in ("inproc", "spawn"):

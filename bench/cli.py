@@ -1,4 +1,4 @@
-"""Command line: ``python -m bench run | list | report | compare | baseline | loader``.
+"""Command line: ``python -m bench run | list | report | compare | baseline | loader | ...``.
 
 Bad input ends with one line on stderr naming the bad value and the valid choices, and exit code 2.
 """
@@ -130,7 +130,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
         backend = backends.create(name)
         cfg = RunConfig(
             backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
-            data=args.data, data_dir=args.data_dir, workers=args.workers,
+            data=args.data, data_dir=args.data_dir, workers=args.workers, loader=args.loader, decode=args.decode,
             image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
             warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
             windows=_pick(args.windows, d["windows"]), precision=precision, timeout=args.timeout,
@@ -186,6 +186,11 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
         data.check_imagenet(args.data_dir, max(c.global_batch for c in configs) if configs else 1)
         if args.eval:
             data.check_eval(args.data_dir)
+        empty = data.empty_classes(args.data_dir)
+        if empty:  # once here, not once per run; the records count them (empty_classes)
+            from bench.folders import empty_warning
+
+            print(empty_warning(Path(args.data_dir) / "train", empty), file=sys.stderr)
     elif args.data_dir:
         raise UsageError("--data-dir is for --data imagenet; synthetic data needs no directory")
     return configs, notes
@@ -338,36 +343,6 @@ def _horovod_info(configs) -> dict | None:
     return horovod.build_info()
 
 
-def cmd_loader(args) -> int:
-    """The ceiling the CPUs put on any backend: decode + augment throughput with no model at all."""
-    import time
-
-    import torch
-
-    from bench import data
-
-    for name in ("batch_size", "image_size", "batches"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    workers = data.default_workers(1) if args.workers is None else args.workers
-    if workers < 0:
-        raise UsageError(f"--workers must be a non-negative integer, got {workers}")
-    data.check_imagenet(args.data_dir, args.batch_size)
-    loader = data.imagenet_loader(args.data_dir, args.image_size, args.batch_size, workers, 0, 1,
-                                  distributed=False, pin_memory=False)
-    batches = data.TimedBatches(loader, torch.device("cpu"))
-    for _ in range(5):
-        next(batches)
-    t0 = time.perf_counter()
-    for _ in range(args.batches):
-        next(batches)
-    seconds = time.perf_counter() - t0
-    print(f"loader: {args.batches * args.batch_size / seconds:.1f} img/s with {workers} workers "
-          f"({args.batches} batches of {args.batch_size} at {args.image_size} px in {seconds:.2f} s; "
-          f"{batches.skipped} unreadable images skipped)")
-    return 0
-
-
 def cmd_list(args) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -447,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile the (wrapped) model; compiles in warm-up, its time recorded as compile_seconds")
     r.add_argument("--data", default="synthetic", help="synthetic (a fixed batch on the device) | imagenet")
     r.add_argument("--data-dir", help="ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)")
+    r.add_argument("--loader", help="real data: torchvision (DataLoader workers, default) | dali (NVIDIA DALI)")
+    r.add_argument("--decode", help="real data: cpu (default) | gpu (nvJPEG: torchvision.io.decode_jpeg on the GPU, "
+                                    "or DALI's mixed decoder); GPU runs only")
     r.add_argument("--workers", type=int, help="DataLoader processes per device, for every backend (dp's one process "
                                                "gets N times as many, capped by the cores; default: cores / N - 1)")
     r.add_argument("--eval", action="store_true",
@@ -467,14 +445,6 @@ def build_parser() -> argparse.ArgumentParser:
     multinode.add_arguments(r)
     r.set_defaults(func=cmd_run)
 
-    ld = sub.add_parser("loader", help="measure the ImageNet input pipeline alone (img/s, no model)")
-    ld.add_argument("--data-dir", required=True)
-    ld.add_argument("--workers", type=int, help="DataLoader processes (default: all cores but one)")
-    ld.add_argument("--batch-size", type=int, default=64)
-    ld.add_argument("--image-size", type=int, default=224)
-    ld.add_argument("--batches", type=int, default=50, help="batches to time after 5 warm-up batches")
-    ld.set_defaults(func=cmd_loader)
-
     ls = sub.add_parser("list", help="every registered backend, its launcher, and whether it can run here")
     ls.add_argument("--device", default="auto")
     ls.set_defaults(func=cmd_list)
@@ -483,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     # func(args) -> exit code.
     import importlib
 
-    for mod in ("report", "compare", "baseline", "verify", "collectives", "predict", "multinode"):
+    for mod in ("report", "compare", "baseline", "verify", "collectives", "predict", "multinode", "ceiling"):
         importlib.import_module(f"bench.{mod}").register(sub)
     return p
 

@@ -41,6 +41,8 @@ class RunConfig:
     precision: str = "fp32"
     data: str = "synthetic"
     data_dir: str | None = None
+    loader: str | None = None  # real data: torchvision | dali (bench/loaders); None for synthetic data
+    decode: str | None = None  # real data: cpu | gpu (nvJPEG / DALI mixed)
     workers: int | None = None  # DataLoader processes per rank (real data only)
     seed: int = 0
     timeout: float | None = None
@@ -72,6 +74,14 @@ class RunConfig:
             raise ConfigError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
         if self.data not in ("synthetic", "imagenet"):
             raise ConfigError(f"unknown data {self.data!r}; choose from synthetic, imagenet")
+        if self.data == "imagenet":
+            from bench import loaders
+
+            self.loader, self.decode = self.loader or "torchvision", self.decode or "cpu"
+            loaders.check(self.loader, self.decode, self.device_type)
+        elif self.loader or self.decode:
+            raise ConfigError("--loader and --decode are for --data imagenet; synthetic data is a fixed batch on the "
+                              "device")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
         if self.device_type not in DEVICE_TYPES:

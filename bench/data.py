@@ -4,22 +4,24 @@ Backends take batches from ``backend.batches`` (an endless iterator of ``(inputs
 device); the harness builds it here and, for real data, times every ``next()`` so a window's
 ``data_wait_seconds`` says how long the ranks waited for input rather than computed.
 
-ImageNet layout: ``DIR/train/<wnid>/*.JPEG`` (``DIR/val`` optional and unused for training throughput).
-Corrupt or unreadable images are skipped and counted: the next readable image of the epoch takes the
-bad one's place (so every batch stays full), a warning line naming the file goes to the run's log, and the
-record's ``corrupt_images_skipped`` counts them. Grayscale, CMYK and palette images are converted to RGB.
+ImageNet layout: ``DIR/train/<wnid>/*.JPEG``; ``DIR/val`` (class folders, or flat with a labels file: see
+bench/folders.py) is read by ``--eval``. The loader (``--loader torchvision|dali``, ``--decode cpu|gpu``) is one
+of bench/loaders; every one is timed here the same way and yields the same ``(images, targets, skipped)``.
+Corrupt or unreadable images are skipped and counted (``corrupt_images_skipped``) with a warning line naming the
+file in the run's log, and batches stay full; empty class folders are skipped with one warning (``empty_classes``).
+Grayscale, CMYK and palette images are converted to RGB.
 """
 from __future__ import annotations
 
 import itertools
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from bench.config import ConfigError
+from bench.loaders.tv import SkippingImageFolder  # the torchvision loader's dataset, re-exported
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DATA_KINDS = ("synthetic", "imagenet")
@@ -43,7 +45,7 @@ def loader_workers(cfg, feeds_devices: int) -> int:
 
 def check_imagenet(data_dir: str | None, global_batch: int) -> int:
     """Validate the layout before any run starts; returns the number of training images."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
+    from bench import folders
 
     if not data_dir:
         raise DataError("--data imagenet needs --data-dir DIR (DIR/train/<class>/*.JPEG)")
@@ -53,70 +55,53 @@ def check_imagenet(data_dir: str | None, global_batch: int) -> int:
     train = root / "train"
     if not train.is_dir():
         raise DataError(f"--data-dir {data_dir}: no train/ folder (expected {train}/<class>/*.JPEG)")
-    classes = sorted(p for p in train.iterdir() if p.is_dir())
+    classes = folders.class_dirs(train)
     if not classes:
         raise DataError(f"{train} has no class folders (expected {train}/<class>/*.JPEG)")
-    n = sum(1 for c in classes for f in c.rglob("*") if f.suffix.lower() in IMG_EXTENSIONS)
+    _, samples, _ = folders.scan(train)
+    n = len(samples)
     if n == 0:
-        raise DataError(f"{train} has {len(classes)} class folders but no images ({', '.join(IMG_EXTENSIONS)})")
+        raise DataError(f"{train} has {len(classes)} class folders but no images ({', '.join(folders.IMG_EXTENSIONS)})")
     if n < global_batch:
         raise DataError(f"{train} has {n} images, fewer than one global batch of {global_batch}; "
                         f"lower --batch-size or use fewer GPUs")
     return n
 
 
-class SkippingImageFolder:
-    """torchvision ImageFolder whose unreadable images are replaced by the next readable one, and counted."""
+def empty_classes(data_dir: str) -> list[str]:
+    from bench import folders
 
-    def __init__(self, root, transform):
-        from torchvision.datasets import ImageFolder
-
-        self.folder = ImageFolder(root, transform=transform)
-
-    def __len__(self):
-        return len(self.folder)
-
-    def __getitem__(self, index):
-        skipped = 0
-        for i in itertools.islice(itertools.count(index), len(self.folder)):
-            try:
-                image, target = self.folder[i % len(self.folder)]
-                return image, target, skipped
-            except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for truncated or non-image files
-                skipped += 1
-                path = self.folder.samples[i % len(self.folder)][0]
-                print(f"warning: skipping unreadable image {path}: {e}", file=sys.stderr, flush=True)
-        raise DataError(f"no readable image in {self.folder.root}")
+    return folders.scan(Path(data_dir) / "train")[2]
 
 
 def imagenet_loader(data_dir: str, image_size: int, batch: int, workers: int, rank: int, world_size: int,
                     distributed: bool, pin_memory: bool, seed: int = 0):
-    """The standard ImageNet training pipeline; DistributedSampler when every rank feeds its own batch."""
-    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
-    from torchvision import transforms
+    """The standard ImageNet training pipeline (torchvision, CPU decode) as a DataLoader."""
+    from bench.loaders import tv
 
-    transform = transforms.Compose([
-        transforms.RandomResizedCrop(image_size),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
-    dataset = SkippingImageFolder(str(Path(data_dir) / "train"), transform)
-    if distributed:
-        # Pads the epoch so that every rank gets the same number of samples; shuffles by seed + epoch.
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-    else:
-        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
-    return DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, pin_memory=pin_memory,
-                      drop_last=True,  # every rank runs the same number of full steps
-                      persistent_workers=workers > 0)
+    dataset = SkippingImageFolder(str(Path(data_dir) / "train"), tv.cpu_transform(image_size))
+    return tv.data_loader(dataset, batch, workers, rank, world_size, distributed, pin_memory, seed)
+
+
+class _DataLoaderSource:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def epoch(self, n: int):
+        if hasattr(self.loader.sampler, "set_epoch"):
+            self.loader.sampler.set_epoch(n)  # a different order every epoch, the same on every rank
+        for images, targets, skipped in self.loader:
+            yield images, targets, int(skipped.sum())
 
 
 class TimedBatches:
-    """Endless ``(inputs, targets)`` on ``device`` over epochs (``set_epoch`` each time), timing each wait."""
+    """Endless ``(inputs, targets)`` on ``device`` over epochs of any loader (``source.epoch(n)``, or a
+    DataLoader), timing each wait the same way for all of them."""
 
-    def __init__(self, loader, device, channels_last: bool = False):
-        self.loader, self.device = loader, device
+    def __init__(self, source, device, channels_last: bool = False):
+        self.source = source if hasattr(source, "epoch") else _DataLoaderSource(source)
+        self.device = device
+        self.empty_classes = len(getattr(self.source, "empty_classes", None) or [])
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.wait_seconds, self.skipped, self.epoch = 0.0, 0, 0
         self._it = self._batches()
@@ -124,10 +109,8 @@ class TimedBatches:
     def _batches(self):
         non_blocking = self.device.type == "cuda"
         while True:
-            if hasattr(self.loader.sampler, "set_epoch"):
-                self.loader.sampler.set_epoch(self.epoch)  # a different order every epoch, the same on every rank
-            for images, targets, skipped in self.loader:
-                self.skipped += int(skipped.sum())
+            for images, targets, skipped in self.source.epoch(self.epoch):
+                self.skipped += skipped
                 images = images.to(self.device, non_blocking=non_blocking, memory_format=self.memory_format)
                 yield images, targets.to(self.device, non_blocking=non_blocking)
             self.epoch += 1
@@ -163,12 +146,14 @@ def batches_for(cfg, backend):
     channels_last = bool((cfg.options or {}).get("channels_last"))
     if cfg.data == "synthetic":
         return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, shard_rank(backend), channels_last)
+    from bench import loaders
+
     feeds = cfg.world_size if backend.launcher == "inproc" else 1  # dp feeds every GPU from one process
     backend.loader_workers = loader_workers(cfg, feeds)
-    loader = imagenet_loader(cfg.data_dir, cfg.image_size, backend.feed_batch, backend.loader_workers, shard_rank(backend),
-                             backend.world_size, distributed=backend.launcher != "inproc",
-                             pin_memory=cfg.device_type == "cuda", seed=cfg.seed)
-    return TimedBatches(loader, backend.data_device, channels_last)
+    source = loaders.build(cfg.loader or "torchvision", cfg.decode or "cpu", cfg.data_dir, cfg.image_size,
+                           backend.feed_batch, backend.loader_workers, shard_rank(backend), backend.world_size,
+                           distributed=backend.launcher != "inproc", device=backend.data_device, seed=cfg.seed)
+    return TimedBatches(source, backend.data_device, channels_last)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -193,23 +178,50 @@ def eval_dataset(cfg):
     """The evaluation set of a run: ``cfg.eval_samples`` synthetic samples, or the ImageNet ``val/`` folder."""
     if cfg.data == "synthetic":
         return SyntheticEval(cfg.eval_samples, cfg.image_size, cfg.seed)
-    from torchvision import transforms
-    from torchvision.datasets import ImageFolder
+    return ValFolder(cfg.data_dir, cfg.image_size)
 
-    transform = transforms.Compose([
-        transforms.Resize(int(cfg.image_size * 256 / 224)),
-        transforms.CenterCrop(cfg.image_size),
-        transforms.ToTensor(),
-        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
-    return ImageFolder(str(Path(cfg.data_dir) / "val"), transform=transform)
+
+class ValFolder(torch.utils.data.Dataset):
+    """DIR/val as class folders or flat with a labels file (bench/folders.py), labels in train/'s order."""
+
+    def __init__(self, data_dir: str, image_size: int):
+        from torchvision import transforms
+
+        from bench import folders
+
+        self.samples, self.layout = folders.val_samples(data_dir)
+        self.transform = transforms.Compose([
+            transforms.Resize(int(image_size * 256 / 224)),
+            transforms.CenterCrop(image_size),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ])
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        from bench.loaders.tv import pil_rgb
+
+        path, target = self.samples[i]
+        return self.transform(pil_rgb(path)), target
 
 
 def check_eval(data_dir: str) -> None:
-    """``--eval`` on ImageNet data needs DIR/val/<class>/*.JPEG; say so before anything runs."""
+    """``--eval`` on ImageNet data needs DIR/val as class folders or flat with a labels file; say so before
+    anything runs."""
+    from bench import folders
+
     val = Path(data_dir) / "val"
-    if not val.is_dir() or not any(p.is_dir() for p in val.iterdir()):
-        raise DataError(f"--eval with --data imagenet needs class folders in {val} (expected {val}/<class>/*.JPEG)")
+    if not val.is_dir():
+        raise DataError(f"--eval with --data imagenet needs {val} (class folders, or flat with "
+                        f"{' or '.join(folders.LABEL_FILES)})")
+    try:
+        samples, _ = folders.val_samples(data_dir)
+    except FileNotFoundError as e:
+        raise DataError(f"--eval: {e}") from None
+    if not samples:
+        raise DataError(f"--eval: no labelled images in {val}")
 
 
 def verify_batches(global_batch: int, data_world: int, steps: int, image_size: int, seed: int,

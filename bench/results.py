@@ -72,6 +72,9 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
         "data_dir": cfg.get("data_dir"),
         "workers": cfg.get("workers"),
         "data_wait_seconds": None,
+        "loader": cfg.get("loader"),
+        "decode": cfg.get("decode"),
+        "empty_classes": None,
         "options": cfg.get("options", {}),
         "cudnn_benchmark": cfg.get("cudnn_benchmark"),
         "repeat_index": cfg.get("repeat_index", 1),
@@ -261,8 +264,8 @@ def _cpu_model() -> str | None:
 # Grouping: runs of the same configuration on the same kind of hardware. Reports and the regression gate
 # both group with this, so "the same configuration" means one thing across the suite.
 
-CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "precision", "batch_per_device", "data",
-               "device_type", "hardware", "options", "cudnn_benchmark", "nnodes")
+CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "precision", "batch_per_device", "data", "loader",
+               "decode", "device_type", "hardware", "options", "cudnn_benchmark", "nnodes")
 
 
 def hardware(rec: dict) -> str:
@@ -280,5 +283,7 @@ def config_key(rec: dict) -> tuple:
     values = {k: rec.get(k) for k in CONFIG_KEYS}
     values["hardware"] = hardware(rec)
     values["nnodes"] = rec.get("nnodes") or 1
+    if rec.get("data") not in (None, "synthetic"):  # records from before --loader read with torchvision on the CPU
+        values["loader"], values["decode"] = rec.get("loader") or "torchvision", rec.get("decode") or "cpu"
     values["options"] = json.dumps(rec.get("options") or {}, sort_keys=True)
     return tuple(values[k] for k in CONFIG_KEYS)

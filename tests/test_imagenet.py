@@ -70,16 +70,17 @@ def test_corrupt_image_is_replaced_and_counted(tree):
     from torchvision import transforms
 
     ds = data.SkippingImageFolder(str(tree / "train"), transforms.ToTensor())
-    bad = next(i for i, (p, _) in enumerate(ds.folder.samples) if p.endswith("corrupt.JPEG"))
+    bad = next(i for i, (p, _) in enumerate(ds.samples) if p.endswith("corrupt.JPEG"))
     image, target, skipped = ds[bad]
     assert skipped == 1 and image.shape[0] == 3
-    gray = next(i for i, (p, _) in enumerate(ds.folder.samples) if p.endswith("gray.JPEG"))
-    cmyk = next(i for i, (p, _) in enumerate(ds.folder.samples) if p.endswith("cmyk.JPEG"))
+    gray = next(i for i, (p, _) in enumerate(ds.samples) if p.endswith("gray.JPEG"))
+    cmyk = next(i for i, (p, _) in enumerate(ds.samples) if p.endswith("cmyk.JPEG"))
     assert ds[gray][0].shape[0] == 3 and ds[cmyk][0].shape[0] == 3  # converted to RGB
 
 
 def test_loader_command_measures_the_pipeline_alone(tree):
-    proc = bench("loader", "--data-dir", tree, "--workers", 0, "--batch-size", 4, "--image-size", 32, "--batches", 3)
+    proc = bench("loader", "--data-dir", tree, "--loaders", "torchvision", "--workers", 0, "--batch-size", 4,
+                 "--image-size", 32, "--batches", 3)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("loader: ") and " img/s with 0 workers" in proc.stdout
 

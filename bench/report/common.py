@@ -7,7 +7,8 @@ import re
 
 GiB = 2 ** 30
 BASELINE = "single"
-BASELINE_MATCH = ("model", "image_size", "precision", "batch_per_device", "data", "device_type", "hardware")
+BASELINE_MATCH = ("model", "image_size", "precision", "batch_per_device", "data", "loader", "decode", "device_type",
+                  "hardware")
 OWN_MATCH = BASELINE_MATCH + ("backend", "options")
 KNOB = "cudnn_benchmark"  # matched when the baseline has it, else the default (on)
 SECTION = ("device_type", "hardware")
@@ -38,6 +39,8 @@ def label(r: dict) -> str:
     extra = [f"{k}={v}" for k, v in options.items() if v not in (None, False, "none")]
     if r.get(KNOB) is False:
         extra.append("cudnn.benchmark off")
+    if r.get("loader") and (r.get("loader"), r.get("decode")) != ("torchvision", "cpu"):
+        extra.append(f"{r['loader']} loader, decode {r['decode']}")
     if (r.get("nnodes") or 1) > 1:
         extra.append(f"{r['nnodes']} nodes × {r['world_size'] // r['nnodes']}")
     return r["backend"] + (f" ({', '.join(extra)})" if extra else "")

@@ -11,6 +11,7 @@ from bench.report import comm
 from bench.report.equivalence import eval_table
 from bench.report.equivalence import section as equivalence_section
 from bench.report.headroom import section as headroom_section
+from bench.report.inputbound import section as input_bound_section
 from bench.report.plots import plot_workload
 from bench.report.summary import device_memory
 
@@ -65,7 +66,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
         md += ["**4. Skipped and failed runs**", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
-    md += headroom_section(src, rows, warn) + equivalence_section(src, warn) \
+    md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) + equivalence_section(src, warn) \
         + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)
     if skipped:
         md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]

@@ -1,0 +1,60 @@
+"""The input pipelines a real-data run can train from, chosen with ``--loader`` and ``--decode``.
+
+- ``torchvision``: DataLoader workers and DistributedSampler. ``--decode cpu`` decodes and augments with PIL in
+  the workers; ``--decode gpu`` only reads file bytes in the workers and decodes each batch on the GPU with
+  nvJPEG (``torchvision.io.decode_jpeg(..., device="cuda")``), then crops, flips and normalises there.
+- ``dali``: NVIDIA DALI, one pipeline per rank: ``fn.readers.file`` (this rank's shard), ``fn.decoders.image``
+  (``mixed``: nvJPEG on the GPU with ``--decode gpu``; ``cpu`` otherwise), ``fn.random_resized_crop`` and
+  ``fn.crop_mirror_normalize``.
+
+Every loader yields ``(images, targets, skipped)`` per batch through ``epoch(n)``; ``bench.data.TimedBatches``
+times every wait the same way for all of them.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from bench.config import ConfigError
+
+LOADERS = ("torchvision", "dali")
+DECODES = ("cpu", "gpu")
+DALI_INSTALL = "pip install nvidia-dali-cuda130 (make install does, on Linux x86_64 and aarch64)"
+
+
+def check(loader: str, decode: str, device_type: str) -> None:
+    """Bad input, before anything runs: one line naming the value and the choices."""
+    if loader not in LOADERS:
+        raise ConfigError(f"unknown loader {loader!r}; choose from {', '.join(LOADERS)}")
+    if decode not in DECODES:
+        raise ConfigError(f"unknown decode {decode!r}; choose from {', '.join(DECODES)}")
+    if decode == "gpu" and device_type != "cuda":
+        raise ConfigError(f"--decode gpu decodes on a CUDA device (nvJPEG); this run is on {device_type}: "
+                          f"use --decode cpu")
+
+
+def unavailable(loader: str) -> str | None:
+    """Why ``loader`` cannot run here (and the fix), or None. Imports nothing heavy."""
+    if loader != "dali":
+        return None
+    try:
+        found = importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no nvidia namespace package at all
+        found = False
+    if not found:
+        return f"NVIDIA DALI is not installed ({DALI_INSTALL})"
+    return None
+
+
+def build(loader: str, decode: str, data_dir: str, image_size: int, batch: int, workers: int, rank: int,
+          world_size: int, distributed: bool, device, seed: int = 0):
+    """This rank's source of ``(images, targets, skipped)`` batches; ``distributed``: read shard ``rank`` of
+    ``world_size`` (otherwise the whole set)."""
+    if loader == "dali":
+        from bench.loaders.dali import DaliSource
+
+        return DaliSource(data_dir, image_size, batch, workers, rank if distributed else 0,
+                          world_size if distributed else 1, device, decode, seed)
+    from bench.loaders.tv import TorchvisionSource
+
+    return TorchvisionSource(data_dir, image_size, batch, workers, rank, world_size, distributed, device, decode,
+                             seed)

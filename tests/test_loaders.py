@@ -1,0 +1,283 @@
+"""Every loader (bench/loaders) on a generated JPEG tree: shards, corrupt and odd images, empty classes,
+symlinks, flat val/, the loader ceiling and the report's input-bound section. GPU decode paths are marked gpu."""
+import argparse
+import json
+import os
+import random
+
+import pytest
+import torch
+from PIL import Image
+
+from bench import data, folders, loaders, report, results
+from tests.conftest import bench, cli_error, records
+
+CLASSES = ("n01440764", "n01443537", "n01484850")
+EMPTY, LINKED = "n09999999", "n05555555"
+SMALL = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "4", "--workers", "0",
+         "--warmup", "2", "--steps", "2", "--windows", "2"]
+N_FILES = 35  # 3 x 8 RGB + gray, CMYK, palette PNG, tiny, large, corrupt + 4 in a symlinked folder + 1 symlinked file
+
+
+RNG = random.Random(0)
+
+
+def jpeg(path, mode="RGB", size=(48, 40), rng=RNG):
+    bands = {"RGB": 3, "L": 1, "CMYK": 4, "P": 1}[mode]
+    Image.frombytes(mode, size, rng.randbytes(size[0] * size[1] * bands)).save(path)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imagenet")
+    train = root / "train"
+    for c in CLASSES:
+        (train / c).mkdir(parents=True)
+        for i in range(8):
+            jpeg(train / c / f"{c}_{i}.JPEG")
+    jpeg(train / CLASSES[0] / "gray.JPEG", "L")
+    jpeg(train / CLASSES[1] / "cmyk.JPEG", "CMYK")
+    jpeg(train / CLASSES[2] / "palette.png", "P")
+    jpeg(train / CLASSES[0] / "tiny.JPEG", size=(2, 2))
+    Image.new("RGB", (1600, 1200), (200, 30, 90)).save(train / CLASSES[1] / "large.JPEG")
+    (train / CLASSES[2] / "corrupt.JPEG").write_bytes(b"\xff\xd8\xff\xe0 this is not a jpeg")
+    (train / EMPTY).mkdir()
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    for i in range(4):
+        jpeg(elsewhere / f"linked_{i}.JPEG")
+    os.symlink(elsewhere, train / LINKED)
+    jpeg(root / "single.JPEG")
+    os.symlink(root / "single.JPEG", train / CLASSES[0] / "symlinked.JPEG")
+    val = root / "val"
+    val.mkdir()
+    lines = ["ImageId,PredictionString"]
+    for i, c in enumerate(CLASSES + CLASSES):
+        jpeg(val / f"ILSVRC2012_val_{i:08d}.JPEG")
+        lines.append(f"ILSVRC2012_val_{i:08d},{c} 10 20 30 40 {c} 1 2 3 4")
+    jpeg(val / "ILSVRC2012_val_99999999.JPEG")  # no label: left out
+    (root / "LOC_val_solution.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_scan_follows_symlinks_and_skips_empty_classes(tree):
+    classes, samples, empty = folders.scan(tree / "train")
+    assert classes == sorted(CLASSES + (EMPTY, LINKED)) and empty == [EMPTY]
+    assert len(samples) == N_FILES == data.check_imagenet(str(tree), 4)
+    assert sum(p.endswith("symlinked.JPEG") for p, _ in samples) == 1
+    assert [c for p, c in samples if "linked_" in p] == [classes.index(LINKED)] * 4  # labels of the full set
+
+
+def sources(tree, name, decode="cpu", world=1, batch=4):
+    return [loaders.build(name, decode, str(tree), 32, batch, 0, r, world, distributed=world > 1,
+                          device=torch.device("cpu")) for r in range(world)]
+
+
+def read_epoch(source, n):
+    """(sample indices this rank read in epoch n, batches as read)."""
+    got, batches = [], []
+    if hasattr(source, "loader"):  # torchvision: DistributedSampler decides which samples a rank reads
+        source.loader.sampler.set_epoch(n)
+        return list(source.loader.sampler), None
+    for batch in source.epoch(n):
+        got += source.last_indices
+        batches.append(batch)
+    return got, batches
+
+
+@pytest.mark.parametrize("name", loaders.LOADERS)
+def test_each_rank_reads_a_disjoint_shard_and_the_shards_cover_the_set(tree, name):
+    ranks = sources(tree, name, world=2)
+    n = N_FILES if name == "torchvision" else N_FILES - 1  # DALI's list is pre-filtered (the corrupt file)
+    orders = []
+    for epoch in (0, 1):
+        shards = [set(read_epoch(s, epoch)[0]) for s in ranks]
+        # DistributedSampler pads the epoch to a multiple of the ranks by repeating samples; DALI's shards never meet
+        padding = -n % 2 if name == "torchvision" else 0
+        assert len(shards[0] & shards[1]) == padding and shards[0] | shards[1] == set(range(n)), (epoch, shards)
+        orders.append(shards[0])
+    assert orders[0] != orders[1]  # reshuffled every epoch, the same way on every rank
+
+
+@pytest.mark.parametrize("name,decode", [("torchvision", "cpu"), ("torchvision", "gpu"), ("dali", "cpu")])
+def test_every_loader_reads_odd_images_skips_corrupt_ones_and_keeps_batches_full(tree, name, decode, capfd):
+    """torchvision's gpu path runs here with decode_jpeg on the CPU device: the same code the GPU runs."""
+    if name == "torchvision" and decode == "gpu":
+        source = loaders.tv.TorchvisionSource(str(tree), 32, 4, 0, 0, 1, False, torch.device("cpu"), "gpu")
+    else:
+        (source,) = sources(tree, name)
+    timed = data.TimedBatches(source, torch.device("cpu"))
+    seen = 0
+    while timed.epoch == 0:
+        images, targets = next(timed)
+        assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32 and torch.isfinite(images).all()
+        assert targets.shape == (4,) and targets.dtype == torch.int64
+        seen += 4
+    assert seen >= N_FILES - 4 and timed.skipped == 1 and timed.empty_classes == 1
+    assert timed.wait_seconds > 0
+    err = capfd.readouterr().err
+    assert "warning: skipping unreadable image" in err and "corrupt.JPEG" in err
+
+
+def test_gray_cmyk_palette_tiny_and_large_images_come_out_rgb(tree):
+    ds = data.SkippingImageFolder(tree / "train", load=loaders.tv.ReadForGpu())
+    kinds = {os.path.basename(p): ds[i][0] for i, (p, _) in enumerate(ds.samples)
+             if os.path.basename(p) in ("gray.JPEG", "cmyk.JPEG", "palette.png", "tiny.JPEG", "large.JPEG")}
+    assert kinds["gray.JPEG"].dim() == 1 and kinds["large.JPEG"].dim() == 1  # nvJPEG decodes these (with mode RGB)
+    assert kinds["cmyk.JPEG"].shape == (3, 40, 48) and kinds["palette.png"].shape == (3, 40, 48)  # decoded here
+    images, refused = loaders.tv.decode_and_augment(list(kinds.values()), 32, torch.device("cpu"))
+    assert images.shape == (5, 3, 32, 32) and refused == 0
+
+
+def test_a_jpeg_the_gpu_decoder_refuses_is_replaced_within_its_batch_and_counted(tree, monkeypatch, capfd):
+    import torchvision.io
+
+    real = torchvision.io.decode_jpeg
+    bad = torch.frombuffer(bytearray(b"\xff\xd8 broken past a good header"), dtype=torch.uint8)
+
+    def decode(data, **kw):
+        items = data if isinstance(data, list) else [data]
+        if any(t is bad for t in items):
+            raise RuntimeError("nvjpeg: bitstream error")
+        return real(data, **kw)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", decode)
+    ds = data.SkippingImageFolder(tree / "train", load=loaders.tv.ReadForGpu())
+    good = [ds[i][0] for i in range(3)]
+    images, refused = loaders.tv.decode_and_augment([good[0], bad, good[1], good[2]], 32, torch.device("cpu"))
+    assert images.shape == (4, 3, 32, 32) and refused == 1 and torch.isfinite(images).all()
+    assert "warning: skipping image the GPU decoder refused: nvjpeg: bitstream error" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("labels", ["LOC_val_solution.csv", "val.txt"])
+def test_flat_val_with_a_labels_file(tree, tmp_path, labels):
+    root = tree
+    if labels == "val.txt":  # the same set as "filename label" lines, labels as wnids and as indices
+        root = tmp_path / "copy"
+        root.mkdir()
+        os.symlink(tree / "train", root / "train")
+        os.symlink(tree / "val", root / "val")
+        classes = folders.class_dirs(tree / "train")
+        (root / "val.txt").write_text("".join(
+            f"ILSVRC2012_val_{i:08d}.JPEG {c if i % 2 else classes.index(c)}\n" for i, c in enumerate(CLASSES * 2)))
+    samples, layout = folders.val_samples(root)
+    classes = folders.class_dirs(tree / "train")
+    assert layout == f"flat with {labels} (1 images without a label left out)"
+    assert [c for _, c in samples] == [classes.index(c) for c in CLASSES * 2]
+    data.check_eval(str(root))
+    ds = data.ValFolder(str(root), 32)
+    assert len(ds) == 6 and ds[0][0].shape == (3, 32, 32) and ds[0][1] == classes.index(CLASSES[0])
+
+
+def test_dali_ddp_run_with_eval_on_flat_val_records_loader_empty_classes_and_skips(tree, results_dir):
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *SMALL, "--data", "imagenet", "--data-dir", tree,
+                 "--loader", "dali", "--eval", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (rec,) = records(results_dir)
+    assert rec["status"] == "ok", rec["reason"]
+    assert (rec["loader"], rec["decode"], rec["empty_classes"]) == ("dali", "cpu", 1)
+    assert rec["corrupt_images_skipped"] == 1  # pre-filtered once, counted by the rank whose share it was in
+    assert rec["eval_samples"] == 6 and rec["replicas_consistent"] is True
+    assert all(0 < w <= t for w, t in zip(rec["data_wait_seconds"], rec["window_seconds"]))
+    assert proc.stderr.count(f"empty class folder(s) in {tree / 'train'} skipped (labels unchanged): {EMPTY}") == 1
+    key = dict(zip(results.CONFIG_KEYS, results.config_key(rec)))
+    assert (key["loader"], key["decode"]) == ("dali", "cpu")
+
+
+def test_loader_ceiling_for_every_loader_and_the_input_bound_report(tree, tmp_path, capsys):
+    raw = tmp_path / "raw"
+    proc = bench("loader", "--data-dir", tree, "--workers", 0, "--batch-size", 4, "--image-size", 32, "--batches", 3,
+                 "--warmup-batches", 1, "--ranks", 2, "--results", raw)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [ln.split(":")[1].strip() for ln in lines[:4]] == ["torchvision decode cpu", "torchvision decode gpu",
+                                                               "dali decode cpu", "dali decode gpu"]
+    assert "img/s with 0 workers per rank, 2 rank(s)" in lines[0] and "img/s with 0 workers" in lines[2]
+    assert "skipped: --decode gpu decodes on a CUDA device" in lines[1]
+    (path,) = (raw / "loader").glob("*.json")
+    rec = json.loads(path.read_text())
+    ok = {(r["loader"], r["decode"]): r for r in rec["results"] if r["status"] == "ok"}
+    assert set(ok) == {("torchvision", "cpu"), ("dali", "cpu")} and rec["ranks"] == 2
+    for r in ok.values():
+        assert len(r["per_rank_img_s"]) == 2 and r["node_img_s"] > 0 and r["empty_classes"] == 1
+    # a real-data run that waited for input most of its time, and the same configuration on synthetic data
+    from tests.test_report import make
+
+    real = make("ddp", 2, 50.0, device="cpu", data="imagenet", loader="torchvision", decode="cpu", image_size=32,
+                batch_per_device=4)
+    real["data_wait_seconds"] = [0.6 * s for s in real["window_seconds"]]
+    synthetic = make("ddp", 2, 400.0, device="cpu", image_size=32, batch_per_device=4)
+    for r in (real, synthetic):
+        r["env"]["cpu_model"] = rec["hardware"].removeprefix("CPU: ")  # the same machine as the loader record
+        results.save(r, raw)
+    out = tmp_path / "report"
+    assert report.cmd_report(argparse.Namespace(results=str(raw), out=str(out))) == 0
+    md = (out / "REPORT.md").read_text()
+    section = md[md.index("## Input bound"):]
+    assert "| ddp | 2 | resnet50 32px b4 | torchvision / decode cpu | 60.0 % | 50.0 img/s | 400.0 img/s | " in section
+    best = max(ok, key=lambda k: ok[k]["node_img_s"])
+    assert f"the faster loader here is **{best[0]}** (decode cpu, {ok[best]['node_img_s']:,.1f} img/s" in section
+    assert "Files not read" not in md  # the loader record lives in RESULTS/loader/: no reader trips over it
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--data", "imagenet", "--decode", "gpu"], ("--decode gpu decodes on a CUDA device (nvJPEG); this run is on "
+                                                 "cpu: use --decode cpu")),
+    (["--data", "imagenet", "--loader", "ffcv"], "unknown loader 'ffcv'; choose from torchvision, dali"),
+    (["--data", "imagenet", "--decode", "npu"], "unknown decode 'npu'; choose from cpu, gpu"),
+    (["--loader", "dali"], "--loader and --decode are for --data imagenet; synthetic data is a fixed batch on the device"),
+])
+def test_bad_loader_flags(tree, tmp_path, capsys, args, message):
+    extra = ["--data-dir", str(tree)] if "imagenet" in args else []
+    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", 1, *SMALL, *args, *extra,
+                          "--results", tmp_path / "raw")
+    assert code == 2 and err.strip().splitlines() == [f"bench: error: {message}"], err
+
+
+def test_bench_loader_bad_choice(tree, capsys):
+    code, err = cli_error(capsys, "loader", "--data-dir", tree, "--loaders", "ffcv")
+    assert code == 2 and err == "bench: error: unknown loader ffcv; choose from torchvision, dali or all\n"
+
+
+def test_missing_dali_skips_the_run_with_the_fix(monkeypatch):
+    import importlib.util
+
+    import backends
+    from bench.config import RunConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n.startswith("nvidia") else real(n, *a))
+    cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=2, device_type="cpu", model="resnet18",
+                    image_size=32, batch_size=4, warmup=2, steps=2, windows=2, data="imagenet", data_dir="x",
+                    loader="dali").validate()
+    assert backends.create("ddp").unavailable(cfg) == ("NVIDIA DALI is not installed (pip install nvidia-dali-cuda130 "
+                                                       "(make install does, on Linux x86_64 and aarch64))")
+    assert loaders.unavailable("torchvision") is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU decode: nvJPEG through torchvision, DALI's mixed decoder
+
+@pytest.mark.parametrize("name", loaders.LOADERS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_decode_batches_are_on_the_gpu_and_full(tree, name):
+    source = loaders.build(name, "gpu", str(tree), 32, 4, 1, 0, 1, distributed=False, device=torch.device("cuda:0"))
+    timed = data.TimedBatches(source, torch.device("cuda:0"))
+    while timed.epoch == 0:
+        images, _ = next(timed)
+        assert images.shape == (4, 3, 32, 32) and images.device.type == "cuda" and torch.isfinite(images).all()
+    assert timed.skipped == 1 and timed.empty_classes == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("loader", loaders.LOADERS)
+def test_gpu_decode_run(tree, results_dir, loader):
+    proc = bench("run", "--backends", "single", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
+                 "--image-size", "32", "--batch-size", "4", "--workers", "1", "--warmup", "2", "--steps", "2",
+                 "--windows", "2", "--data", "imagenet", "--data-dir", tree, "--loader", loader, "--decode", "gpu",
+                 "--results", results_dir)
+    assert proc.returncode == 0, proc.stderr
+    (rec,) = records(results_dir)
+    assert rec["status"] == "ok" and (rec["loader"], rec["decode"]) == (loader, "gpu")
