@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from bench import data
-from tests.conftest import bench, records
+from tests.conftest import bench, cli_error, records
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
 SMALL = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "4", "--workers", "0",
@@ -92,7 +92,7 @@ def test_loader_command_measures_the_pipeline_alone(tree):
     ("no_images", "bench: error: {root}/train has 1 class folders but no images"),
     ("too_few", "bench: error: {root}/train has 3 images, fewer than one global batch of 4; lower --batch-size"),
 ])
-def test_bad_data_directories(tmp_path, results_dir, layout, message):
+def test_bad_data_directories(tmp_path, results_dir, layout, message, capsys):
     root = tmp_path / "data"
     if layout != "missing":
         root.mkdir()
@@ -104,9 +104,9 @@ def test_bad_data_directories(tmp_path, results_dir, layout, message):
     if layout == "too_few":
         for i in range(3):
             Image.new("RGB", (8, 8)).save(root / "train" / "n0" / f"{i}.JPEG")
-    proc = bench("run", "--backends", "single", "--gpus", 1, *SMALL, "--data", "imagenet", "--data-dir", root,
-                 "--results", results_dir)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(message.format(root=root)), proc.stderr
+    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", 1, *SMALL, "--data", "imagenet",
+                          "--data-dir", root, "--results", results_dir)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message.format(root=root)), err
     assert not results_dir.exists() or records(results_dir) == []
