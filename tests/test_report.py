@@ -166,7 +166,7 @@ def test_skipped_and_failed_runs_are_listed_with_reasons(tmp_path, capsys):
     assert "| ddp | 2 | resnet50 224px b64 | fp32 | failed | rank 1 exited with code 1 (NCCL timeout) |" in failed
     assert ("| horovod | 2 | resnet50 224px b64 | fp32 | skipped | horovod is not installed: run make horovod |"
             in failed)
-    assert "horovod" not in md.split("**4.")[0].split("**2.")[0]  # not in the throughput table
+    assert "horovod" not in md.split("**1. Throughput**")[1].split("**2.")[0]  # not in the throughput table
     assert "- `dp` ×2: a caveat worth reading" in md
     assert "| **ddp** ★ | 2 | fp32 | 1 (3) | 180.0 img/s |" in md  # a skipped run never takes the star
     df = summary(tmp_path / "rep")
@@ -311,3 +311,60 @@ def test_runs_over_several_nodes_split_intra_and_inter_node_efficiency(tmp_path)
     assert one.eff_vs_single_pct == 90.0 and pd.isna(one.inter_node_eff_pct)
     md = (tmp_path / "rep" / "REPORT.md").read_text()
     assert "| ddp (2 nodes × 4) | 8 | fp32 | 576.0 img/s | 72.0 % | 72.0 % | 90.0 % | 80.0 % |" in md
+
+
+# --- the verdict -------------------------------------------------------------------------------------------------
+
+def runs(backend, n, *thrs, **kw):
+    """One record per run, each at its own throughput: the run-to-run spread gives a real interval."""
+    return [make(backend, n, t, **kw) for t in thrs]
+
+
+def verdict_of(tmp_path, capsys, *recs, world_size):
+    code, cap = run_report(write(tmp_path, *recs), tmp_path / "rep", capsys)
+    assert code == 0, cap.err
+    from bench.report import verdict
+    from bench.report.summary import summarise, usable_records
+    vs = verdict.verdicts(summarise(usable_records(tmp_path / "raw", print)).to_dict("records"))
+    return next(v for v in vs if f", {world_size} GPU" in v["title"]), cap.out
+
+
+def test_verdict_names_a_clear_winner_and_costs_dataparallel_s_gpu0(tmp_path, capsys):
+    dp_mem = [20 * GiB, 12 * GiB, 12 * GiB, 12 * GiB]
+    v, out = verdict_of(tmp_path, capsys, *runs("single", 1, 98.0, 100.0, 102.0),
+                        *runs("ddp", 4, 355.0, 360.0, 365.0), *runs("dp", 4, 235.0, 240.0, 245.0, reserved=dp_mem),
+                        world_size=4)
+    assert v["established"] and v["best"] == "ddp"
+    assert v["headline"] == "Use ddp: faster than every alternative beyond the 95% intervals."
+    assert v["evidence"][0].startswith("ddp: 360.0 img/s (95% interval 355.0–365.0, 3 runs), 90% scaling efficiency "
+                                       "vs single@1, 10.00 GiB peak reserved per GPU (largest)")
+    assert v["evidence"][0].endswith("ImageNet-1k epoch ≈ 59 min 19 s")  # 1,281,167 / 360 s
+    [dp] = v["alternatives"]
+    # 1 - 240/360 = 33%; the interval of the difference from both intervals: 1 - 245/355 .. 1 - 235/365
+    assert dp == ("dp: 33% slower (CI 31–36%), GPU 0 holds 1.7× the memory of the others, 2.00× the peak memory per "
+                  "GPU (20.00 vs 10.00 GiB)")
+    # the console ends with the verdict, after the path of REPORT.html
+    assert out.index("REPORT.html") < out.index("== Verdict") < out.index("Use ddp")
+    assert out.rstrip().endswith("GPU 0 holds 1.7× the memory of the others, 2.00× the peak memory per GPU "
+                                 "(20.00 vs 10.00 GiB)")
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert md.index("## Verdict") < md.index(f"## {H100}")
+    assert "| ImageNet-1k epoch |" in md and "| 59 min 19 s |" in md
+
+
+def test_verdict_names_no_winner_when_the_intervals_overlap(tmp_path, capsys):
+    v, out = verdict_of(tmp_path, capsys, *runs("single", 1, 100.0, 100.0), *runs("ddp", 2, 180.0, 190.0, 200.0),
+                        *runs("horovod", 2, 185.0, 195.0, 205.0, env={"horovod": HVD}), world_size=2)
+    assert not v["established"]
+    assert v["headline"].startswith("No winner established: the 95% intervals of horovod, ddp overlap, so their "
+                                    "difference is not established")
+    assert [e.split(":")[0] for e in v["evidence"]] == ["horovod", "ddp"]
+    assert v["alternatives"] == ["ddp: 3% slower by the medians, within noise (the 95% intervals overlap: the "
+                                 "difference is not established)"]
+    assert "Use " not in out.split("== Verdict")[1]
+
+
+def test_verdict_with_one_run_each_says_the_intervals_are_within_run(tmp_path, capsys):
+    v, _ = verdict_of(tmp_path, capsys, make("ddp", 2, 180.0), make("dp", 2, 150.0), world_size=2)
+    assert v["established"] and v["best"] == "ddp" and "within-run only" in v["evidence"][0]
+    assert "--repeat 3" in v["caveat"]

@@ -1,4 +1,5 @@
-"""``python -m bench report``: REPORT.md, summary.csv and plots from the raw records.
+"""``python -m bench report``: REPORT.md, REPORT.html (self-contained, the verdict at the top), summary.csv and
+plots from the raw records; the console gets the throughput tables, the paths and the verdict, last.
 
 Runs of one configuration (``results.config_key``) are summarised with the run as the unit
 (``stats.summarise_runs``): the median of the run medians, a hierarchical bootstrap interval (runs, then
@@ -18,24 +19,30 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench.report.common import CSV_FIRST
+from bench.report.common import CSV_FIRST, write_atomic
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="tables (REPORT.md, summary.csv) and plots from the records")
+    p = sub.add_parser("report", help="tables (REPORT.md, REPORT.html, summary.csv), plots and the "
+                                                 "verdict from the records")
     p.add_argument("--results", default="results/raw", help="directory of JSON records (default results/raw)")
     p.add_argument("--out", default="results/report", help="output directory (default results/report)")
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args) -> int:
+    from bench.report import html
     from bench.report.markdown import render
+    from bench.report.verdict import console_lines
     from bench.report.summary import summarise, usable_records
     from bench.results import SCHEMA
 
     src, out = Path(args.results), Path(args.out)
     if not src.is_dir():
         print(f"bench: error: results directory {str(src)!r} does not exist", file=sys.stderr)
+        return 2
+    if out.exists() and not out.is_dir():
+        print(f"bench: error: --out {str(out)!r} is a file, not a directory", file=sys.stderr)
         return 2
     skipped = []
 
@@ -48,10 +55,17 @@ def cmd_report(args) -> int:
         print(f"bench: error: no readable schema-{SCHEMA} records in {src}", file=sys.stderr)
         return 1
     summary = summarise(recs)
-    out.mkdir(parents=True, exist_ok=True)
-    md, console = render(summary, out, src, skipped)
-    (out / "REPORT.md").write_text(md)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"bench: error: cannot create --out {str(out)!r}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    md, console, verdicts = render(summary, out, src, skipped)
+    write_atomic(out / "REPORT.md", md)
+    page = out / "REPORT.html"
+    write_atomic(page, html.page(md, summary.to_dict("records"), src, out))
     csv = summary.drop(columns=["_recs", "_samples"]).infer_objects().round(3)
     csv[CSV_FIRST + [c for c in csv.columns if c not in CSV_FIRST]].to_csv(out / "summary.csv", index=False)
-    print("\n".join(console) + f"\n\nreport: {(out / 'REPORT.md').resolve()}")
+    print("\n".join(console) + f"\n\nreport: {(out / 'REPORT.md').resolve()}\nhtml:   {page.resolve()}")
+    print("\n".join(["", "== Verdict"] + console_lines(verdicts)))
     return 0

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import tempfile
+from pathlib import Path
 
 GiB = 2 ** 30
 BASELINE = "single"
@@ -63,3 +66,16 @@ def slug(*parts, hw: str) -> str:
     """A file-name stem; the hardware enters as a short hash, so two GPU models never share a file."""
     text = re.sub(r"[^a-z0-9]+", "-", "-".join(map(str, parts)).lower()).strip("-")
     return f"{text}-{hashlib.sha1(hw.encode()).hexdigest()[:6]}"
+
+
+def write_atomic(final: Path, text: str) -> None:
+    """Write text beside ``final``, then move it into place: a reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=final.suffix, dir=final.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

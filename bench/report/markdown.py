@@ -14,9 +14,12 @@ from bench.report.headroom import section as headroom_section
 from bench.report.inputbound import section as input_bound_section
 from bench.report.plots import plot_workload
 from bench.report.summary import device_memory
+from bench.report.verdict import duration, epoch_seconds
+from bench.report import verdict
 
-def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list[str]]:
-    """REPORT.md and the console lines (each workload's throughput table); draws the plots on the way."""
+def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list[str], list[dict]]:
+    """REPORT.md, the console lines (each workload's throughput table) and the verdicts; draws the plots on the
+    way."""
     import datetime as dt
 
     rows = summary.to_dict("records")
@@ -30,6 +33,8 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
           "interval then says *within-run only* and understates the uncertainty (`bench run --repeat 3`). "
           f"Per-device = global / world size. {STAR} marks the highest median global throughput at each world "
           "size and precision in its table; where the intervals overlap, the difference is not established.", ""]
+    verdicts = verdict.verdicts(rows)
+    md += verdict.markdown(verdicts)
     console = []
     for (device, hw), srows in sorted(groups(rows, SECTION), key=lambda kv: (kv[0][0] != "cuda", kv[0])):
         unit = "GPUs" if device == "cuda" else "CPU workers"
@@ -70,7 +75,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
         + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)
     if skipped:
         md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]
-    return "\n".join(md), console
+    return "\n".join(md), console, verdicts
 
 
 def env_header(rows: list[dict]) -> list[str]:
@@ -109,11 +114,11 @@ def throughput_table(ok: list[dict], unit: str) -> str:
 
     return md_table(
         ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "CV across runs",
-         "per-device throughput"],
+         "per-device throughput", "ImageNet-1k epoch"],
         [[f"**{label(r)}** {STAR}" if r["best_at_world_size"] else label(r), r["world_size"], r["precision"],
           f"{r['runs_ok']} ({len(r['_samples'])})", fmt(r["global_img_s"], "img/s"), interval(r),
-          fmt(r["cv_runs_pct"], "%"), fmt(r["per_device_img_s"], "img/s")]
-         for r in ok], {1, 3, 4, 5, 6, 7})
+          fmt(r["cv_runs_pct"], "%"), fmt(r["per_device_img_s"], "img/s"), duration(epoch_seconds(r["global_img_s"]))]
+         for r in ok], {1, 3, 4, 5, 6, 7, 8})
 
 
 def efficiency_table(ok: list[dict], unit: str) -> str:
