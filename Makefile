@@ -67,7 +67,7 @@ list: $(STAMP)
 
 # pytest exits 5 when it collected no tests: a suite that tests nothing is a failure, said plainly.
 test: install
-	$(PY) -m pytest -q tests $(ARGS); status=$$?; \
+	$(PY) -m pytest -q -rs tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
 # Regression gate (README: "Regression gate"). A fixed, short configuration on every device, compared with

@@ -252,9 +252,7 @@ def _pick(value, default):
 # Commands
 
 def cmd_run(args) -> int:
-    from bench import launch, results, summary
-
-    from bench import multinode
+    from bench import launch, multinode, progress, results, summary
 
     configs, notes = plan(args)
     if not configs:
@@ -277,15 +275,16 @@ def cmd_run(args) -> int:
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     records = []
     try:
-        for i, cfg in enumerate(configs, 1):
-            rep = f" (repeat {cfg.repeat_index}/{cfg.repeats})" if cfg.repeats > 1 else ""
-            knob = " cudnn.benchmark off" if cfg.cudnn_benchmark is False else ""
-            print(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} "
-                  f"{cfg.image_size}px batch {cfg.batch_size}/device {cfg.precision}{knob}{rep} ...", flush=True)
-            rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
-                                 rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "")
-            records.append(rec)
-            print(f"    {summary.one_line(rec)}", flush=True)
+        with progress.Sweep(len(configs)) as bar:
+            for i, cfg in enumerate(configs, 1):
+                rep = f" (repeat {cfg.repeat_index}/{cfg.repeats})" if cfg.repeats > 1 else ""
+                knob = " cudnn.benchmark off" if cfg.cudnn_benchmark is False else ""
+                bar.start(f"{cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} {cfg.image_size}px "
+                          f"batch {cfg.batch_size}/device {cfg.precision}{knob}{rep}")
+                rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
+                                     rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "")
+                records.append(rec)
+                bar.finish(summary.one_line(rec))
     except KeyboardInterrupt:
         print(f"\ninterrupted: {len(records)} of {len(configs)} runs finished; their records are in {results_dir}",
               file=sys.stderr)

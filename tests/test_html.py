@@ -61,7 +61,7 @@ def test_report_html_is_self_contained_escaped_and_complete(tmp_path):
     assert "<strong>Horovod build:</strong> 0.28.1 (controllers: gloo, mpi; tensor_ops: nccl, gloo)" in page
     assert "git abc123" in page
     # each run, with a link to its log where one exists, relative to the page
-    link = re.search(rf'<a href="([^"]+)">log</a></td></tr>', page)[1]
+    link = re.search(r'<a href="([^"]+)">log</a></td></tr>', page)[1]
     assert (out / link).resolve() == (tmp_path / "raw" / "logs" / f"{recs[3]['run_id']}.log").resolve()
     assert page.count("no log (not launched)") == len(recs) - 1
     assert not list(out.glob(".tmp-*"))  # written through a temporary file, nothing left behind

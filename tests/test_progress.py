@@ -1,0 +1,35 @@
+"""The sweep's progress: plain numbered lines where stdout is not a terminal (CI logs; other tests grep them),
+a rich bar with the count, the ETA, the current run and the last result on a terminal."""
+import io
+
+from bench.progress import Sweep
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_plain_lines_when_not_a_terminal():
+    out = io.StringIO()
+    with Sweep(2, stream=out) as p:
+        p.start("single x1 on cpu: resnet18 64px")
+        p.finish("ok: 100.0 img/s global")
+        p.start("ddp x2 on cpu: resnet18 64px")
+        p.finish("failed: rank 1 exited 1")
+    assert out.getvalue() == ("[1/2] single x1 on cpu: resnet18 64px ...\n    ok: 100.0 img/s global\n"
+                              "[2/2] ddp x2 on cpu: resnet18 64px ...\n    failed: rank 1 exited 1\n")
+
+
+def test_a_bar_with_eta_current_run_and_last_result_on_a_terminal():
+    out = Terminal()
+    with Sweep(2, stream=out) as p:
+        p.start("single x1 on cpu")
+        p.finish("ok: 100.0 img/s global")
+        p.bar.refresh()
+        screen = out.getvalue()
+        p.start("ddp x2 on cpu")
+    assert "\x1b[" in screen  # drawn with terminal control codes, not appended as lines
+    assert "[1/2] single x1 on cpu ..." in screen and "    ok: 100.0 img/s global" in screen
+    assert "1/2" in screen and "ETA" in screen and "now: single x1 on cpu" in screen
+    assert "last: ok: 100.0 img/s global" in screen
