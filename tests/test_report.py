@@ -130,7 +130,7 @@ def test_full_sweep_through_the_cli(tmp_path):
     assert "1.43 × (max/mean)" in dp4 and "+8.00 GiB" in dp4
     assert dp4.endswith("| 22.00 GiB |")  # the warm-up peak, in its own column, never the timed one
     assert row(df, "dp", 4).memory_imbalance == pytest.approx(20 / 14, abs=1e-3)
-    assert "**4. Skipped and failed runs**\n\nNone." in md
+    assert "### Skipped and failed runs\n\nNone." in md
     assert_plots(out)
 
 
@@ -162,7 +162,7 @@ def test_skipped_and_failed_runs_are_listed_with_reasons(tmp_path, capsys):
     code, cap = run_report(raw, tmp_path / "rep", capsys)
     assert code == 0
     md = (tmp_path / "rep" / "REPORT.md").read_text()
-    failed = md.split("**4. Skipped and failed runs**")[1]
+    failed = md.split("### Skipped and failed runs")[1]
     assert "| ddp | 2 | resnet50 224px b64 | fp32 | failed | rank 1 exited with code 1 (NCCL timeout) |" in failed
     assert ("| horovod | 2 | resnet50 224px b64 | fp32 | skipped | horovod is not installed: run make horovod |"
             in failed)
@@ -368,3 +368,14 @@ def test_verdict_with_one_run_each_says_the_intervals_are_within_run(tmp_path, c
     v, _ = verdict_of(tmp_path, capsys, make("ddp", 2, 180.0), make("dp", 2, 150.0), world_size=2)
     assert v["established"] and v["best"] == "ddp" and "within-run only" in v["evidence"][0]
     assert "--repeat 3" in v["caveat"]
+
+
+def test_a_cpu_verdict_says_it_is_no_guide_to_gpus(tmp_path, capsys):
+    code, cap = run_report(write(tmp_path, *runs("ddp", 2, 80.0, 82.0, 84.0, device="cpu"),
+                                 *runs("ddp_spawn", 2, 60.0, 61.0, 62.0, device="cpu")), tmp_path / "rep", capsys)
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    verdict = md.split("## Verdict")[1].split("\n## ")[0]
+    assert "**Use ddp: faster than every alternative beyond the 95% intervals.**" in verdict
+    assert ("> CPU worker processes over gloo: this says which backend is fastest on this CPU, nothing about which "
+            "to use on GPUs.") in verdict

@@ -39,7 +39,7 @@ def comm_table(ok: list[dict], unit: str) -> list[str]:
                      r.get("compute_only_keeps") or (None if s else f"not measured: {r.get('compute_only_reason')}")])
     if not rows:
         return []
-    return ["**5. Where the scaling goes** (compute-only reference: the same processes with the gradient "
+    return ["**4. Where the scaling goes** (compute-only reference: the same processes with the gradient "
             "synchronisation skipped, right after the timed windows)", "",
             md_table(["backend", unit, "precision", "global throughput", "compute-only throughput",
                       "exposed communication / step", "exposed share", "scaling loss: communication",
@@ -54,7 +54,7 @@ def hardware_table(ok: list[dict], unit: str) -> list[str]:
     rows = [[label(r), r["world_size"], r["precision"], fmt(r["flops_per_sample"] and r["flops_per_sample"] / 1e9, "GFLOP", 2),
              rate(r.get("achieved_tflops_per_device")), fmt(r.get("mfu_pct"), "%"),
              fmt(r.get("joules_per_image"), "J", 3), fmt(r.get("mean_watts"), "W", 0)] for r in ok]
-    return ["**6. Hardware efficiency** (training FLOPs per image from torch.utils.flop_counter; MFU against the "
+    return ["**5. Hardware efficiency** (training FLOPs per image from torch.utils.flop_counter; MFU against the "
             "device's dense peak at the run's precision, bench/flops.py; energy from NVML's counter around each "
             "window, all GPUs of the run)", "",
             md_table(["backend", unit, "precision", "FLOPs / image", "achieved per device", "MFU", "energy / image",
@@ -72,7 +72,7 @@ def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars) + 2), 4.8))
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(bars) + 2), 4.8))  # 8 in: the title fits
     x = range(len(bars))
     eff = [r["eff_vs_single_pct"] for _, r, _ in bars]
     # A negative share (compute-only faster than N x single@1, or slower than the backend) is noise or

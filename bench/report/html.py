@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
+LONG = 12  # tables with a row per run and more rows than this come folded
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d2433; margin: 0;
@@ -34,6 +35,7 @@ img.plot { display: block; max-width: 100%; height: auto; margin: 10px 0 18px; b
 #verdict h2 { border: 0; margin-top: 12px; } #verdict h3 { margin-top: 16px; }
 #verdict strong { color: #17561f; } #verdict ul { margin: 4px 0; }
 #verdict .no-winner strong { color: #8a5a00; }
+summary { cursor: pointer; color: #2456a6; margin: 6px 0; }
 """
 
 
@@ -60,7 +62,10 @@ def table(lines: list[str]) -> str:
     cls = [' class="r"' if r.endswith(":") else "" for r in rule]
     th = "".join(f"<th{c}>{inline(h)}</th>" for h, c in zip(head, cls))
     rows = "".join("<tr>" + "".join(f"<td{c}>{inline(x)}</td>" for x, c in zip(r, cls)) + "</tr>" for r in body)
-    return f'<div class="table"><table><thead><tr>{th}</tr></thead><tbody>{rows}</tbody></table></div>'
+    div = f'<div class="table"><table><thead><tr>{th}</tr></thead><tbody>{rows}</tbody></table></div>'
+    if "run" in head and len(body) > LONG:  # a row per run (the memory table): folded, so the page stays readable
+        return f"<details><summary>{len(body)} runs: show the table</summary>{div}</details>"
+    return div
 
 
 def plot(alt: str, src: str, out: Path) -> str:
@@ -136,18 +141,24 @@ def convert(md: str, out: Path) -> str:
 def runs_section(rows: list[dict], src: Path, out: Path) -> str:
     """Every run with its status and a link to its log (``RESULTS/logs/RUN_ID.log``), relative to the page."""
     body = []
-    recs = sorted((rec for r in rows for rec in r["_recs"]), key=lambda rec: str(rec["run_id"]))
+    recs = sorted((rec for r in rows for rec in r["_recs"]), key=lambda rec: (rec["status"] == "ok", str(rec["run_id"])))
     for rec in recs:
         log = src / "logs" / f"{rec['run_id']}.log"
         href = quote(Path(os.path.relpath(log.resolve(), out.resolve())).as_posix())
-        link = f'<a href="{html.escape(href)}">log</a>' if log.is_file() else "no log (not launched)"
+        link = (f'<a href="{html.escape(href)}">log</a>' if log.is_file() else
+                "no log (not launched)" if rec["status"] == "skipped" else "no log file")
         status = rec["status"] + (f": {rec['reason']}" if rec.get("reason") else "")
         body.append(f"<tr><td><code>{html.escape(str(rec['run_id']))}</code></td><td>{html.escape(rec['backend'])}</td>"
                     f'<td class="r">{rec["world_size"]}</td><td>{html.escape(str(rec["precision"]))}</td>'
                     f"<td>{html.escape(status)}</td><td>{link}</td></tr>")
-    return ('<section id="runs"><h2>Runs and their logs</h2><div class="table"><table><thead><tr><th>run</th>'
-            '<th>backend</th><th class="r">N</th><th>precision</th><th>status</th><th>log</th></tr></thead><tbody>'
-            + "".join(body) + "</tbody></table></div></section>")
+    bad = sum(rec["status"] != "ok" for rec in recs)
+    fold = len(recs) > LONG
+    return ('<section id="runs"><h2>Runs and their logs</h2>'
+            + f"<p>{len(recs)} runs, {bad} not ok (listed first).</p>"
+            + (f"<details><summary>{len(recs)} runs: show the table</summary>" if fold else "")
+            + '<div class="table"><table><thead><tr><th>run</th><th>backend</th><th class="r">N</th><th>precision</th>'
+            '<th>status</th><th>log</th></tr></thead><tbody>' + "".join(body) + "</tbody></table></div>"
+            + ("</details>" if fold else "") + "</section>")
 
 
 def page(md: str, rows: list[dict], src: Path, out: Path) -> str:

@@ -68,7 +68,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                      key=lambda x: str(x[0]["run_id"]))
         bad_rows = [[r["backend"], r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",
                      r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad]
-        md += ["**4. Skipped and failed runs**", "", md_table(["backend", unit, "workload", "precision", "status",
+        md += ["### Skipped and failed runs", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
     md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) + equivalence_section(src, warn) \

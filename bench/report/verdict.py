@@ -128,9 +128,15 @@ def verdicts(rows: list[dict]) -> list[dict]:
             v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
         v["alternatives"] = [f"{label(r)}: {cost(r, best)}" for r in rest]
         v["alternatives"] += [f"{label(r)}: {r['status']} ({r['reason'] or 'no reason recorded'})" for r in not_ok]
+        caveats = []
+        if best["device_type"] == "cpu":
+            caveats.append("CPU worker processes over gloo: this says which backend is fastest on this CPU, nothing "
+                           "about which to use on GPUs.")
         if any(r["interval"] == WITHIN_RUN for r in ok):
-            v["caveat"] = ("Some intervals are within-run only (one run each): they understate the uncertainty; "
+            caveats.append("Some intervals are within-run only (one run each): they understate the uncertainty; "
                            "`bench run --repeat 3` measures the run-to-run spread.")
+        if caveats:
+            v["caveat"] = " ".join(caveats)
         out.append(v)
     return out
 
