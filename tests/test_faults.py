@@ -47,12 +47,12 @@ def test_spawned_rank_crash_names_the_rank(results_dir):
 
 def test_hang_is_killed_at_the_timeout_and_leaves_nothing_behind(results_dir):
     t0 = time.monotonic()
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--timeout", 25, "--results", results_dir,
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--timeout", 15, "--results", results_dir,
                  env={"BENCH_FAULT": "hang@rank1"})
     assert proc.returncode == 1
     assert time.monotonic() - t0 < 120
     [rec] = records(results_dir)
-    assert rec["status"] == "failed" and rec["reason"].startswith("timeout after 25 s")
+    assert rec["status"] == "failed" and rec["reason"].startswith("timeout after 15 s")
     assert not _leftovers(results_dir)
 
 
