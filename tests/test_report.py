@@ -364,10 +364,16 @@ def test_verdict_names_no_winner_when_the_intervals_overlap(tmp_path, capsys):
     assert "Use " not in out.split("== Verdict")[1]
 
 
-def test_verdict_with_one_run_each_says_the_intervals_are_within_run(tmp_path, capsys):
-    v, _ = verdict_of(tmp_path, capsys, make("ddp", 2, 180.0), make("dp", 2, 150.0), world_size=2)
-    assert v["established"] and v["best"] == "ddp" and "within-run only" in v["evidence"][0]
-    assert "--repeat 3" in v["caveat"]
+def test_verdict_with_one_run_each_names_no_winner(tmp_path, capsys):
+    # intervals that do not overlap, but each from the windows of one run: the run-to-run spread is unknown
+    v, out = verdict_of(tmp_path, capsys, make("ddp", 2, 180.0), make("dp", 2, 150.0), world_size=2)
+    assert not v["established"] and v["best"] == "ddp" and "within-run only" in v["evidence"][0]
+    assert v["headline"] == ("Fastest here: ddp, but no winner established: with one run per configuration the 95% "
+                             "intervals are within-run only and miss the run-to-run spread (repeat with "
+                             "`bench run --repeat 3`).")
+    assert v["alternatives"] == ["dp: 17% slower (CI 17–17%, within-run only)"]
+    assert "--repeat 3" in v["caveat"] and "Use " not in out.split("== Verdict")[1]
+    assert out.rstrip().endswith("  ! " + v["caveat"])
 
 
 def test_a_cpu_verdict_says_it_is_no_guide_to_gpus(tmp_path, capsys):

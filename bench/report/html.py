@@ -132,7 +132,7 @@ def convert(md: str, out: Path) -> str:
             j = max(j, i + 1)
             # a verdict's headline: a named winner, or none (marked, so it is never read as a recommendation)
             cls = (' class="winner"' if line.startswith("**Use ") else
-                   ' class="no-winner"' if line.startswith("**No winner") else "")
+                   ' class="no-winner"' if line.startswith(("**No winner", "**Fastest here")) else "")
             parts.append(f"<p{cls}>" + " ".join(inline(x) for x in lines[i:j]) + "</p>")
             i = j
     return "\n".join(parts + ["</section>"] * bool(sections))

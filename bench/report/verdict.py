@@ -2,8 +2,8 @@
 and what every alternative costs relative to it.
 
 Pure functions on the summary rows (``summary.summarise``), using the intervals it computed. A difference is
-*established* only when the two 95% intervals do not overlap; where the best median's interval overlaps
-another's, no winner is named.
+*established* only when the two 95% intervals do not overlap and both come from several runs; where the best
+median's interval overlaps another's, or the intervals are within-run only (one run each), no winner is named.
 """
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def cost(alt: dict, best: dict) -> str:
     else:  # the conservative range of the ratio over both intervals
         lo = 1 - alt["ci95_high_img_s"] / best["ci95_low_img_s"]
         hi = 1 - alt["ci95_low_img_s"] / best["ci95_high_img_s"]
-        parts = [f"{100 * slower:.0f}% slower (CI {100 * lo:.0f}–{100 * hi:.0f}%)"]
+        within = WITHIN_RUN in (alt["interval"], best["interval"])
+        parts = [f"{100 * slower:.0f}% slower (CI {100 * lo:.0f}–{100 * hi:.0f}%{', within-run only' if within else ''})"]
     ratio = device0_ratio(alt)
     if ratio and ratio >= 1.2:
         parts.append(f"GPU 0 holds {ratio:.1f}× the memory of the others")
@@ -113,10 +114,16 @@ def verdicts(rows: list[dict]) -> list[dict]:
             continue
         best, rest = ok[0], ok[1:]
         tied = [best] + [r for r in rest if overlap(r, best)]
-        v = {"title": title(best), "established": len(tied) == 1 and bool(rest), "best": label(best),
+        across_runs = all(r["interval"] != WITHIN_RUN for r in ok)  # within-run intervals miss the run-to-run spread
+        v = {"title": title(best), "established": len(tied) == 1 and bool(rest) and across_runs, "best": label(best),
              "evidence": [], "alternatives": []}
         if not rest:
             v["headline"] = f"Only {label(best)} ran here: nothing to compare it with."
+            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+        elif len(tied) == 1 and not across_runs:
+            v["headline"] = (f"Fastest here: {label(best)}, but no winner established: with one run per configuration "
+                             "the 95% intervals are within-run only and miss the run-to-run spread "
+                             "(repeat with `bench run --repeat 3`).")
             v["evidence"] = [f"{label(best)}: {evidence(best)}"]
         elif len(tied) == 1:
             v["headline"] = f"Use {label(best)}: faster than every alternative beyond the 95% intervals."
@@ -145,7 +152,7 @@ def console_lines(vs: list[dict]) -> list[str]:
     lines = []
     for v in vs:
         lines += [f"{v['title']}: {v['headline']}"] + [f"  + {e}" for e in v["evidence"]] \
-            + [f"  - {a}" for a in v["alternatives"]]
+            + [f"  - {a}" for a in v["alternatives"]] + ([f"  ! {v['caveat']}"] if v.get("caveat") else [])
     return lines
 
 
@@ -154,8 +161,9 @@ def markdown(vs: list[dict]) -> list[str]:
         return []
     md = ["## Verdict", "",
           "Per hardware, workload, precision and world size: the backend to train with and the evidence, then what "
-          "each alternative costs relative to the fastest. A difference counts only where the 95% intervals do not "
-          "overlap; the ImageNet-1k epoch is 1,281,167 images / global throughput (compute only, no input "
+          "each alternative costs relative to the fastest. A winner is named only where the 95% intervals do not "
+          "overlap and come from several runs each (one run gives a within-run interval, which misses the "
+          "run-to-run spread); the ImageNet-1k epoch is 1,281,167 images / global throughput (compute only, no input "
           "pipeline).", ""]
     for v in vs:
         md += [f"### {v['title']}", "", f"**{v['headline']}**", ""] + [f"- {e}" for e in v["evidence"]] + [""]
