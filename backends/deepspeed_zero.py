@@ -37,6 +37,13 @@ class DeepSpeedZero(DDP):
     no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
                        "gradient partitioning")
 
+    def no_verify_reference(self, precision: str) -> str | None:
+        """Why ``bench verify`` has no reference for this run (None: it has one)."""
+        if precision in ("fp16", "bf16"):
+            return (f"DeepSpeed's {precision} trains half-precision weights with fp32 master copies (its own mixed "
+                    "precision, not autocast), which no reference here reproduces; verify DeepSpeed at fp32")
+        return None
+
     def skip_gradient_sync(self):
         return None
 
@@ -75,9 +82,25 @@ class DeepSpeedZero(DDP):
                                                        config=config, dist_init_required=False)
         self.engine = self.model = engine
         self.module, self.optimizer = engine.module, optimizer
+        self.buffers_cast = self._half_norm_buffers()
         self.autocast_dtype, self.scaler = None, None  # DeepSpeed casts the model and scales the loss itself
         self.device_type, self.feed_batch, self.data_device = cfg.device_type, cfg.batch_size, self.device
         self.input_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision, torch.float32)
+
+    def _half_norm_buffers(self) -> int:
+        """DeepSpeed >= 0.19 casts the parameters only and keeps buffers fp32, so BatchNorm met half weights with fp32
+        running statistics, which its kernels refuse ("expected scalar type BFloat16 but found Float"): every fp16
+        and bf16 run failed. Give the running statistics their layer's dtype, as the whole-module cast of earlier
+        DeepSpeed releases did. Returns the number of buffers cast (0 where DeepSpeed already cast them)."""
+        cast = 0
+        for m in self.module.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.weight is not None:
+                for name in ("running_mean", "running_var"):
+                    buf = getattr(m, name)
+                    if buf is not None and buf.dtype != m.weight.dtype:
+                        setattr(m, name, buf.to(m.weight.dtype))
+                        cast += 1
+        return cast
 
     def forward_loss(self):
         inputs, targets = next(self.batches)
@@ -95,7 +118,7 @@ class DeepSpeedZero(DDP):
     def describe(self):
         info = super().describe()
         info.update(zero_stage=self.stage, param_dtype=str(next(self.module.parameters()).dtype).removeprefix("torch."),
-                    grad_scaler=self.loss_scale() is not None)
+                    grad_scaler=self.loss_scale() is not None, norm_buffers_cast=self.buffers_cast)
         return info
 
     def full_parameters(self):

@@ -46,6 +46,7 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     loader = DataLoader(Subset(dataset, [i for i, _ in shard]), batch_size=batch_size, shuffle=False, num_workers=workers)
     keep_all = torch.tensor([k for _, k in shard], dtype=torch.bool, device=backend.data_device)
     device = backend.data_device
+    input_dtype = getattr(backend, "input_dtype", None)  # DeepSpeed's fp16/bf16 cast the model, not autocast
     model = backend.model
     was_training = model.training
     model.eval()
@@ -55,7 +56,7 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     with torch.no_grad():
         seen = 0
         for item in loader:
-            images, targets = item[0].to(device), item[1].to(device)
+            images, targets = item[0].to(device, dtype=input_dtype), item[1].to(device)
             keep = keep_all[seen:seen + len(targets)]
             seen += len(targets)
             with torch.autocast(backend.device_type, dtype=backend.autocast_dtype,

@@ -112,7 +112,8 @@ def plan(args):
             if n > (getattr(backend, "max_world_size", None) or n):
                 continue
             entry = Entry(name, n, args.precision or backend.default_precision)
-            entry.skipped = backend.unavailable(config(base, name, backend.launcher, n, entry.precision))
+            entry.skipped = (backend.unavailable(config(base, name, backend.launcher, n, entry.precision))
+                             or getattr(backend, "no_verify_reference", lambda precision: None)(entry.precision))
             if not entry.skipped:
                 entry.reference = (n, "global" if backend.batchnorm == "global" else "local", entry.precision)
             entries.append(entry)
