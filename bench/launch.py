@@ -145,18 +145,31 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
     return record
 
 
+# What a launcher puts before a rank's line: horovodrun "[0]<stderr>:", torch's "[rank0]: ".
+_RANK_TAG = re.compile(r"^(?:\[\d+\]<std(?:out|err)>:|\[rank\d+\]:\s?)")
+
+
+def _marked(output: str, marker: str) -> str | None:
+    """The rest of the first line that starts with ``marker`` once a launcher's rank tag is removed, or None."""
+    for line in output.splitlines():
+        line = _RANK_TAG.sub("", line, count=1)
+        if line.startswith(marker):
+            return line[len(marker):].strip()
+    return None
+
+
 def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeout: float, log_path,
                    nodes: Nodes | None = None) -> str:
     """One line saying why a run left no record, from its exit status and everything its ranks printed."""
-    refused = next((line for line in output.splitlines() if line.startswith(REFUSED_MARKER)), None)
-    if refused:
-        return "refused: " + refused[len(REFUSED_MARKER):].strip()
+    refused = _marked(output, REFUSED_MARKER)
+    if refused is not None:
+        return "refused: " + refused
     if nodes is not None and nodes.nnodes > 1 and "RendezvousTimeoutError" in output:
         return (f"rendezvous timeout: not all {nodes.nnodes} nodes joined the rendezvous at {nodes.endpoint} within "
                 f"{nodes.join_timeout:g} s (a node never started, or cannot reach the endpoint); log {log_path}")
     if timed_out:
         return f"timeout after {timeout:.0f} s (log: {log_path})"
-    oom = next((line[len(OOM_MARKER):].strip() for line in output.splitlines() if line.startswith(OOM_MARKER)), None)
+    oom = _marked(output, OOM_MARKER)
     if oom is None and "std::bad_alloc" in output:  # an allocation failed in C++ (gloo, a library), not in torch
         oom = "std::bad_alloc"
     if oom:

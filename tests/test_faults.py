@@ -132,3 +132,8 @@ def test_out_of_memory_is_found_under_a_long_tail_of_collateral_errors():
     reason = failure_reason(cfg, output, 1, False, 100.0, "run.log")
     assert reason == ("out of memory: batch 256 per device (2048 global), resnet50 at 224 px, fp32: "
                       "CUDA out of memory. Tried to allocate 2.00 GiB")
+    # horovodrun tags every line with its rank: a Horovod OOM was reported as a plain crash (exit code 3), so
+    # --find-max-batch stopped at its first probe instead of searching down
+    tagged = (f"[1]<stderr>:Traceback (most recent call last):\n"
+              f"[0]<stderr>:{OOM_MARKER} DefaultCPUAllocator: can't allocate\n")
+    assert failure_reason(cfg, tagged, 1, False, 100.0, "run.log").endswith("fp32: DefaultCPUAllocator: can't allocate")
