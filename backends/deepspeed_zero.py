@@ -8,6 +8,12 @@ suite's SGD (``zero_allow_untested_optimizer``), no gradient clipping (DeepSpeed
 1.0, which no other backend does), and fp16 / bf16 through DeepSpeed's own sections. Those cast
 the whole model, BatchNorm included, to the half type and keep fp32 master weights in the optimizer: this is
 DeepSpeed's mixed precision, not autocast. On CPU, ``DS_ACCELERATOR=cpu``.
+
+Buckets: DeepSpeed's reduce and all-gather buckets default to 5e8 elements, and ZeRO allocates its gradient
+bucket at that size on every rank (2 GB at fp32; two with ``overlap_comm`` at stages 1-2) whatever the model: a
+per-GPU memory figure would then be mostly an empty buffer, and ZeRO would look heavier than DDP. Both are
+sized like DDP's buckets instead, 25 MiB of fp32 elements, or ``--ds-bucket-mb``; recorded as
+``bucket_elements``.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from backends.base import SGD, build_model
 from backends.ddp import DDP
 
 INSTALL = "pip install deepspeed (make install does)"
+DEFAULT_BUCKET_MB = 25  # DDP's bucket_cap_mb default
 
 
 def problem() -> str | None:
@@ -32,7 +39,7 @@ def problem() -> str | None:
 
 
 class DeepSpeedZero(DDP):
-    knobs = frozenset({"channels_last"})  # DeepSpeed compiles through its own engine.compile(), not offered here
+    knobs = frozenset({"channels_last", "ds_bucket_mb"})  # DeepSpeed compiles through its own engine.compile(), not offered here
 
     no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
                        "gradient partitioning")
@@ -64,11 +71,13 @@ class DeepSpeedZero(DDP):
         deepspeed.utils.logger.setLevel(logging.WARNING)  # the harness prints; DeepSpeed's INFO lines go nowhere
         self.init_process_group(cfg)
         model = build_model(cfg).to(self.device)
+        self.bucket_elements = int(((cfg.options or {}).get("ds_bucket_mb") or DEFAULT_BUCKET_MB) * 2 ** 20 // 4)
         config = {
             "train_batch_size": cfg.batch_size * self.world_size,
             "train_micro_batch_size_per_gpu": cfg.batch_size,
             "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": self.stage},
+            "zero_optimization": {"stage": self.stage, "reduce_bucket_size": self.bucket_elements,
+                                  "allgather_bucket_size": self.bucket_elements},
             "zero_allow_untested_optimizer": True,
             # DeepSpeed 0.19 clips the gradient norm to 1.0 unless told otherwise (GRADIENT_CLIPPING_DEFAULT):
             # no other backend clips, and with it DeepSpeed trained a different model (bench verify found it)
@@ -118,7 +127,8 @@ class DeepSpeedZero(DDP):
     def describe(self):
         info = super().describe()
         info.update(zero_stage=self.stage, param_dtype=str(next(self.module.parameters()).dtype).removeprefix("torch."),
-                    grad_scaler=self.loss_scale() is not None, norm_buffers_cast=self.buffers_cast)
+                    grad_scaler=self.loss_scale() is not None, norm_buffers_cast=self.buffers_cast,
+                    bucket_elements=int(self.optimizer.reduce_bucket_size))  # what DeepSpeed took from the config
         return info
 
     def full_parameters(self):

@@ -221,7 +221,7 @@ def interleave(configs: list[RunConfig], repeats: int) -> list[RunConfig]:
 
 
 KNOBS = ("ddp_bucket_mb", "ddp_static_graph", "ddp_grad_as_bucket_view", "ddp_find_unused", "ddp_comm_hook",
-         "hvd_fusion_mb", "hvd_cycle_ms", "channels_last", "compile")
+         "hvd_fusion_mb", "hvd_cycle_ms", "ds_bucket_mb", "channels_last", "compile")
 
 
 def backend_options(name: str, args) -> dict:
@@ -237,7 +237,7 @@ def backend_options(name: str, args) -> dict:
 
 
 def check_knobs(args) -> None:
-    for knob, low in (("ddp_bucket_mb", 0), ("hvd_fusion_mb", -1), ("hvd_cycle_ms", 0)):
+    for knob, low in (("ddp_bucket_mb", 0), ("hvd_fusion_mb", -1), ("hvd_cycle_ms", 0), ("ds_bucket_mb", 0)):
         value = getattr(args, knob, None)
         if value is not None and not value > low:
             bound = "a non-negative number" if low < 0 else "a positive number"
@@ -416,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DDP communication hook: fp16/bf16 compression, or PowerSGD (rank 2, after 2 plain steps)")
     k.add_argument("--hvd-fusion-mb", type=float, help="Horovod tensor fusion threshold, MiB (HOROVOD_FUSION_THRESHOLD)")
     k.add_argument("--hvd-cycle-ms", type=float, help="Horovod cycle time, ms (HOROVOD_CYCLE_TIME)")
+    k.add_argument("--ds-bucket-mb", type=float,
+                   help="DeepSpeed reduce and all-gather buckets, MiB of fp32 elements (default 25, DDP's; DeepSpeed's "
+                        "own 5e8 elements would allocate 1907 MiB per bucket on every rank)")
     k.add_argument("--channels-last", action="store_true", help="NHWC model and inputs (torch.channels_last)")
     k.add_argument("--compile", action="store_true",
                    help="torch.compile the (wrapped) model; compiles in warm-up, its time recorded as compile_seconds")

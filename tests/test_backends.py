@@ -29,6 +29,8 @@ def test_new_backends_train_with_identical_full_replicas(new_backends):
     assert new_backends["fsdp2"]["backend_info"]["param_dtype"] == "float32"
     for stage in (1, 2, 3):
         assert new_backends[f"ds_zero{stage}"]["backend_info"]["zero_stage"] == stage
+        # DDP's 25 MiB, not DeepSpeed's 5e8 elements (a 2 GB bucket allocated on every rank)
+        assert new_backends[f"ds_zero{stage}"]["backend_info"]["bucket_elements"] == 25 * 2 ** 20 // 4
         assert new_backends[f"ds_zero{stage}"]["compute_only"] == {
             "measured": False, "keeps": None, "reason": "DeepSpeed's no_sync forbids engine.step() inside it and is "
                                                         "incompatible with ZeRO-2/3's gradient partitioning"}
@@ -103,6 +105,7 @@ def test_compile_happens_in_warmup_and_its_time_is_its_own_field(results_dir):
     (["--compile"], "bench: error: warmup 2 is too short for single: use at least 3 (torch.compile compiles at "
                     "step 1 and may recompile at step 2)"),
     (["--ddp-bucket-mb", "0"], "bench: error: --ddp-bucket-mb must be a positive number, got 0"),
+    (["--ds-bucket-mb", "-2"], "bench: error: --ds-bucket-mb must be a positive number, got -2"),
     (["--ddp-comm-hook", "zip"], "bench: error: argument --ddp-comm-hook: invalid choice: 'zip'"),
     (["--find-max-batch", "--max-batch", "0"], "bench: error: --max-batch must be a positive integer, got 0"),
     (["--find-max-batch", "--memory-limit-gib", "-1"], "bench: error: --memory-limit-gib -1: a positive number of "

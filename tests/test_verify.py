@@ -94,11 +94,12 @@ def test_deepspeed_half_precision_trains_evaluates_and_verify_says_why_it_has_no
     from tests.conftest import TINY, records
 
     proc = bench("run", "--backends", "ds_zero3", "--gpus", 2, *TINY, "--precision", "bf16", "--eval",
-                 "--eval-samples", 9, "--results", results_dir)
+                 "--eval-samples", 9, "--ds-bucket-mb", 1, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["eval_samples"] == 9
     assert rec["backend_info"]["param_dtype"] == "bfloat16" and rec["backend_info"]["norm_buffers_cast"] == 40
+    assert rec["options"] == {"ds_bucket_mb": 1.0} and rec["backend_info"]["bucket_elements"] == 2 ** 18
     args = build_parser().parse_args(["verify", "--backends", "ds_zero1,ds_zero3", "--gpus", "2", "--device", "cpu",
                                       "--precision", "bf16"])
     _, entries = verify.plan(args)
