@@ -28,6 +28,7 @@ class Backend:
     # picks its reference by this.
     batchnorm = "local"
     knobs = COMMON_KNOBS  # the cfg.options this backend honours; any other makes its run "skipped"
+    input_dtype = None  # the dtype the model is fed (None: the batch's own); DeepSpeed's fp16/bf16 cast the model
 
     def __init__(self, name: str, launcher: str, **params):
         self.name, self.launcher, self.params = name, launcher, params
@@ -51,6 +52,10 @@ class Backend:
         if foreign:
             return (f"{self.name} cannot honour {', '.join('--' + k.replace('_', '-') for k in foreign)} "
                     f"(it honours: {', '.join(sorted('--' + k.replace('_', '-') for k in self.knobs)) or 'none'})")
+        return None
+
+    def no_verify_reference(self, precision: str) -> str | None:
+        """Why ``bench verify`` has no reference for this backend at ``precision`` (None: it has one)."""
         return None
 
     def note(self, cfg) -> str | None:

@@ -39,13 +39,13 @@ def problem() -> str | None:
 
 
 class DeepSpeedZero(DDP):
-    knobs = frozenset({"channels_last", "ds_bucket_mb"})  # DeepSpeed compiles through its own engine.compile(), not offered here
+    # DeepSpeed compiles through its own engine.compile(), not offered here
+    knobs = frozenset({"channels_last", "ds_bucket_mb"})
 
     no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
                        "gradient partitioning")
 
     def no_verify_reference(self, precision: str) -> str | None:
-        """Why ``bench verify`` has no reference for this run (None: it has one)."""
         if precision in ("fp16", "bf16"):
             return (f"DeepSpeed's {precision} trains half-precision weights with fp32 master copies (its own mixed "
                     "precision, not autocast), which no reference here reproduces; verify DeepSpeed at fp32")

@@ -46,7 +46,7 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     loader = DataLoader(Subset(dataset, [i for i, _ in shard]), batch_size=batch_size, shuffle=False, num_workers=workers)
     keep_all = torch.tensor([k for _, k in shard], dtype=torch.bool, device=backend.data_device)
     device = backend.data_device
-    input_dtype = getattr(backend, "input_dtype", None)  # DeepSpeed's fp16/bf16 cast the model, not autocast
+    input_dtype = backend.input_dtype  # DeepSpeed's fp16/bf16 cast the model, not autocast
     model = backend.model
     was_training = model.training
     model.eval()
