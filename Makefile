@@ -1,11 +1,15 @@
 # Two commands do all set-up on a fresh machine: `make bench` and `make test`.
-# Both create .venv and install the project (and the Horovod build) when they are missing.
+# Both create .venv and install the project from requirements.lock (and build Horovod) when needed.
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
-STAMP  := $(VENV)/.installed
+# TORCH=locked (default): torch and torchvision at requirements.lock's versions. TORCH=system: keep the torch that
+# $(PYTHON) already has (NGC container, module system, a build for an older driver). WHEELS=DIR: install from a
+# folder of wheels, with no package registry (scripts/install.sh).
+TORCH  ?= locked
+WHEELS ?=
 
 GPUS    ?= all
 RESULTS ?= results/raw
@@ -19,25 +23,37 @@ DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA) --loader $(LOADER))
 # bench loader's flags (its image size and batch default to bench run's; pass the same ones as in ARGS)
 LOADER_ARGS ?= $(if $(filter-out all,$(GPUS)),--ranks $(GPUS))
 
-.PHONY: install horovod bench report test list clean regress baseline verify
+.PHONY: venv install horovod bench report test test-fast list clean regress baseline verify lock check-lock
 
-$(PY):
-	$(PYTHON) -m venv $(VENV)
+# Does nothing when .venv already matches requirements.lock and TORCH; fails with one line when the lock is stale.
+venv:
+	@scripts/install.sh $(VENV) $(PYTHON) $(TORCH) $(WHEELS)
 
-# Reinstall when the project's requirements change.
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --upgrade pip setuptools wheel
-	$(PY) -m pip install -e ".[dev]"
-	touch $@
+# Refresh requirements.lock (on purpose, then commit it): uv resolves pyproject.toml's dependencies for every
+# platform at once (--universal), keeping today's pins where they still fit; UPGRADE=1 moves everything to the
+# newest versions. The first line records pyproject.toml's fingerprint, which `make check-lock` and every install
+# compare.
+UV_VERSION ?= 0.13.9
+LOCK_VENV  := .tools/lock-venv
+lock:
+	@[ -x $(LOCK_VENV)/bin/uv ] || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install -q uv==$(UV_VERSION); }
+	$(LOCK_VENV)/bin/uv pip compile pyproject.toml --extra dev --extra build --universal --fork-strategy fewest \
+	  --generate-hashes --quiet $(if $(UPGRADE),--upgrade) -o requirements.lock
+	@{ echo "# pyproject-fingerprint: $$($(PYTHON) scripts/lockfile.py fingerprint)"; grep -v '^# pyproject-fingerprint: ' requirements.lock; } > requirements.lock.tmp
+	@mv requirements.lock.tmp requirements.lock
+	@grep -E '^(torch|torchvision)==' requirements.lock
+
+check-lock:
+	@$(PYTHON) scripts/lockfile.py check && echo "requirements.lock matches pyproject.toml"
 
 # Horovod is an sdist compiled against the installed torch; scripts/build_horovod.sh caches the wheel and
 # does nothing when the build is already current. A failed build does not stop the rest of the suite:
 # the horovod backend is then recorded as skipped with the reason (BENCH_REQUIRE_HOROVOD=1 makes it fatal).
-horovod: $(STAMP)
+horovod: venv
 	@scripts/build_horovod.sh $(VENV) || { [ "$(BENCH_REQUIRE_HOROVOD)" != 1 ] && \
 	  echo "make horovod: build failed; the horovod backend will be skipped (see $(VENV)/horovod-build.log)" >&2; }
 
-install: $(STAMP) horovod
+install: venv horovod
 
 # The default suite on synthetic data on every device found; GPUS=N sweeps 1, 2, 4, ... up to N.
 # Every run also measures its compute-only reference (exposed communication); a short collectives sweep gives
@@ -59,10 +75,10 @@ bench: install
 verify: install
 	$(PY) -m bench verify --max-gpus $(GPUS) --results $(RESULTS) $(ARGS)
 
-report: $(STAMP)
+report: venv
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT)
 
-list: $(STAMP)
+list: venv
 	$(PY) -m bench list
 
 # pytest exits 5 when it collected no tests: a suite that tests nothing is a failure, said plainly.
