@@ -356,24 +356,41 @@ def param_checksum(named_parameters) -> str:
 def limit_memory(gib: float | None) -> None:
     """--memory-limit-gib (CPU): this rank's heap may grow by ``gib`` beyond its size now (RLIMIT_DATA), the CPU
     stand-in for a GPU's memory; a larger allocation then fails as a GPU's would."""
-    global _MEMORY_LIMITED
+    global _MEMORY_LIMIT
     if not gib:
         return
-    _MEMORY_LIMITED = True
+    _MEMORY_LIMIT = _data_bytes() + int(gib * 2 ** 30)
+    resource.setrlimit(resource.RLIMIT_DATA, (_MEMORY_LIMIT, _MEMORY_LIMIT))
+
+
+_MEMORY_LIMIT: int | None = None  # bytes of RLIMIT_DATA, when --memory-limit-gib set one
+# How the libraries under torch say that an allocation failed: torch's CPU allocator, oneDNN (which reports a
+# scratchpad or workspace it could not allocate only as a primitive it could not create or execute), C++'s
+# operator new, glibc. Under a heap budget any of them is the budget's doing.
+ALLOCATION_FAILURES = ("can't allocate memory", "cannot allocate memory", "could not create a primitive",
+                       "could not execute a primitive", "bad_alloc", "out of memory", "failed to allocate")
+# ... and so is any other error raised while the heap is this close to the budget (the failing frames still hold
+# what they had allocated when the handler looks).
+NEAR_BUDGET = 0.9
+
+
+def _data_bytes() -> int:
+    """This process's data segment (what RLIMIT_DATA limits), from /proc/self/status."""
     for line in open("/proc/self/status"):
         if line.startswith("VmData:"):
-            limit = int(line.split()[1]) * 1024 + int(gib * 2 ** 30)
-            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-
-_MEMORY_LIMITED = False
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _is_oom(e: BaseException) -> bool:
-    if isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e):
+    """Out of memory: torch's own out-of-memory errors anywhere; under a heap budget, also an allocation failure
+    whichever library reports it, or any failure once the heap has reached the budget."""
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e):
         return True
-    # Under a heap budget oneDNN reports its failed scratchpad allocation only as this (CPU convolutions).
-    return _MEMORY_LIMITED and "could not execute a primitive" in str(e)
+    if _MEMORY_LIMIT is None:
+        return False
+    text = str(e).lower()
+    return any(s in text for s in ALLOCATION_FAILURES) or _data_bytes() >= NEAR_BUDGET * _MEMORY_LIMIT
 
 
 def _spawned(index: int, spec: dict, nprocs: int) -> None:

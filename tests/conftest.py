@@ -25,7 +25,8 @@ def bench(*args, env=None, timeout=600, check=False):
 
 
 def records(directory) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))]
+    """The records in ``directory`` (not a writer's ``.tmp-*`` file: pathlib's glob matches hidden names)."""
+    return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json")) if not p.name.startswith(".")]
 
 
 @pytest.fixture
