@@ -221,6 +221,11 @@ def collect_env(horovod: dict | None = None) -> dict:
     return {
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),
+        # where torch came from: "locked" (make's default, requirements.lock), "system" (TORCH=system: the
+        # interpreter's own), or "unmanaged" (an environment make did not build)
+        "torch_source": _torch_source(),
+        "deepspeed": _version("deepspeed"),
+        "dali": _version("nvidia-dali-cuda130") or _version("nvidia-dali-cuda120"),
         "cuda": cuda,
         "nccl": nccl,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
@@ -239,6 +244,16 @@ def collect_env(horovod: dict | None = None) -> dict:
         "horovod": horovod,
         "started_at": utc_now(),
     }
+
+
+def _torch_source() -> str:
+    import sys
+
+    mode = Path(sys.prefix) / ".torch-mode"  # written by scripts/install.sh
+    try:
+        return mode.read_text().strip() or "unmanaged"
+    except OSError:
+        return "unmanaged"
 
 
 def _version(dist: str) -> str | None:

@@ -385,3 +385,13 @@ def test_a_cpu_verdict_says_it_is_no_guide_to_gpus(tmp_path, capsys):
     assert "**Use ddp: faster than every alternative beyond the 95% intervals.**" in verdict
     assert ("> CPU worker processes over gloo: this says which backend is fastest on this CPU, nothing about which "
             "to use on GPUs.") in verdict
+
+
+def test_records_from_two_torch_versions_are_flagged(tmp_path, capsys):
+    one = write(tmp_path / "one", make("single", 1, 100.0), make("ddp", 2, 180.0))
+    run_report(one, tmp_path / "rep1", capsys)
+    assert "torch versions" not in (tmp_path / "rep1" / "REPORT.md").read_text()
+    two = write(tmp_path / "two", make("single", 1, 100.0), make("ddp", 2, 180.0, env={"torch": "2.15.0+cu132"}))
+    run_report(two, tmp_path / "rep2", capsys)
+    assert ("- **Warning: 2 torch versions** (2.15.0+cu132, 2.5.1+cu124) produced these records: a difference "
+            "between rows may come from torch, not the backend.") in (tmp_path / "rep2" / "REPORT.md").read_text()

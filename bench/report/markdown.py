@@ -94,6 +94,11 @@ def env_header(rows: list[dict]) -> list[str]:
     lines.append(f"- **Software:** torch {vals('torch')}, torchvision {vals('torchvision')}, CUDA {vals('cuda')}, "
                  f"cuDNN {vals('cudnn')}, NCCL {vals('nccl')}, Python {vals('python')}"
                  + (" (CPU runs use gloo: the CUDA and NCCL builds were not exercised)" if device == "cpu" else ""))
+    torches = sorted({str(e["torch"]) for e in env if e.get("torch")})
+    if len(torches) > 1:
+        lines.append(f"- **Warning: {len(torches)} torch versions** ({', '.join(torches)}) produced these records: a "
+                     "difference between rows may come from torch, not the backend. Compare runs of one version "
+                     "(install from requirements.lock on every machine, or one `TORCH=system` build).")
     builds = [json.loads(h) for h in dict.fromkeys(json.dumps(e["horovod"]) for e in env if e.get("horovod"))]
     builds = [f"{b.pop('version', '?')} (" + "; ".join(f"{k}: {v}" for k, v in b.items()) + ")" for b in builds]
     lines.append("- **Horovod build:** " + (" | ".join(builds) or "not used"))

@@ -1,0 +1,104 @@
+"""Installs: the lock's staleness check, what TORCH=system keeps, and a real TORCH=system environment."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY, records
+
+spec = importlib.util.spec_from_file_location("lockfile", REPO / "scripts" / "lockfile.py")
+lockfile = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lockfile)
+
+
+def test_the_committed_lock_matches_pyproject_and_pins_torch():
+    assert lockfile.stale() is None
+    _, entries = lockfile.parse()
+    pins = {e.key: e.version for e in entries if e.applies()}
+    assert pins["torch"] and pins["torchvision"] and pins["deepspeed"] and pins["pytest"]
+    assert all(e.hashes for e in entries), "every pin carries its hashes"
+    import torch
+    import torchvision
+
+    # the environment the tests run in is the locked one (make test installs it)
+    assert torch.__version__.split("+")[0] == pins["torch"] and torchvision.__version__.split("+")[0] == pins["torchvision"]
+
+
+def test_a_lock_older_than_pyproject_is_stale(tmp_path):
+    lock, pyproject = tmp_path / "requirements.lock", tmp_path / "pyproject.toml"
+    shutil.copy(lockfile.LOCK, lock)
+    shutil.copy(lockfile.PYPROJECT, pyproject)
+    assert lockfile.stale(lock, pyproject) is None
+    pyproject.write_text(pyproject.read_text().replace('"rich>=13",', '"rich>=13",\n    "tabulate>=0.9",'))
+    why = lockfile.stale(lock, pyproject)
+    assert why.startswith("requirements.lock is stale: pyproject.toml's dependencies changed since it was made")
+    assert why.endswith("refresh it with `make lock` and commit it")
+    # a fresh fingerprint does not hide a pin that pyproject no longer accepts
+    text = lock.read_text().splitlines()
+    text[0] = lockfile.FINGERPRINT + lockfile.fingerprint(pyproject)
+    lock.write_text("\n".join(text) + "\n")
+    assert lockfile.stale(lock, pyproject) == ("requirements.lock has no pin for tabulate (pyproject.toml asks for "
+                                               "'tabulate>=0.9'); run `make lock`")
+    pyproject.write_text(lockfile.PYPROJECT.read_text().replace('"rich>=13"', '"rich>=99"'))
+    text[0] = lockfile.FINGERPRINT + lockfile.fingerprint(pyproject)
+    lock.write_text("\n".join(text) + "\n")
+    assert "outside pyproject.toml's 'rich>=99'" in lockfile.stale(lock, pyproject)
+
+
+def test_torch_system_keeps_torch_and_what_only_torch_needs():
+    _, entries = lockfile.parse()
+    closure = lockfile.torch_closure([e for e in entries if e.applies()])
+    assert {"torch", "triton", "nvidia-cublas", "nvidia-nccl-cu13", "sympy"} <= closure
+    assert not closure & {"torchvision", "numpy", "deepspeed", "pillow", "nvidia-dali-cuda130", "pytest"}
+
+
+def run_install(*args, timeout=600):
+    return subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+def test_bad_install_switches_are_one_line(tmp_path):
+    proc = run_install(tmp_path / "venv", sys.executable, "conda")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"make: TORCH=conda: choose locked (the default: torch from requirements.lock) or "
+                                   f"system (the torch {sys.executable} already has)")
+    no_torch = tmp_path / "python-without-torch"
+    no_torch.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")  # no site-packages: no torch
+    no_torch.chmod(0o755)
+    proc = run_install(tmp_path / "venv", no_torch, "system")
+    assert proc.returncode == 2 and not (tmp_path / "venv").exists()
+    assert proc.stderr.strip().startswith(f"make: TORCH=system: {no_torch} cannot import torch;")
+    proc = run_install(tmp_path / "venv", sys.executable, "locked", tmp_path / "nowhere")
+    assert proc.returncode == 2 and "WHEELS=" in proc.stderr and "no such directory" in proc.stderr
+
+
+def test_torch_system_builds_on_the_interpreter_s_torch_and_runs(tmp_path):
+    """An interpreter that already has torch (here the test's own environment, a venv: the harder case, whose
+    torch a --system-site-packages venv does not see): the new environment imports that torch, installs none, and
+    a run records torch_source "system"."""
+    venv = tmp_path / "sysvenv"
+    proc = run_install(venv, sys.executable, "system")
+    assert proc.returncode == 0, proc.stderr
+    py = venv / "bin" / "python"
+    where = subprocess.run([str(py), "-c", "import torch, json, sys; print(json.dumps([torch.__file__, sys.prefix]))"],
+                           capture_output=True, text=True, check=True)
+    torch_file, prefix = json.loads(where.stdout)
+    import torch
+
+    assert torch_file == torch.__file__ and prefix == str(venv)
+    assert not list(venv.glob("lib/python*/site-packages/torch")), "TORCH=system must not install torch"
+    assert (venv / ".torch-mode").read_text().strip() == "system"
+    assert run_install(venv, sys.executable, "system").stdout == ""  # already done: nothing to do
+    results_dir = tmp_path / "raw"
+    run = subprocess.run([str(py), "-m", "bench", "run", "--backends", "single", "--gpus", "1", *TINY,
+                          "--results", str(results_dir)], capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={k: v for k, v in os.environ.items() if k != "BENCH_FAULT"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok" and rec["env"]["torch_source"] == "system"
+    assert rec["env"]["torch"] == torch.__version__
