@@ -86,6 +86,12 @@ test: install
 	$(PY) -m pytest -q -rs tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
+# The inner loop: the tests that launch no run, start no process group and train nothing (tests/conftest.py refuses
+# all three under BENCH_TEST_FAST=1, so a test that needs `@pytest.mark.slow` fails here instead of slowing it down).
+test-fast: venv
+	BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs -m "not slow and not gpu" tests $(ARGS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; fi; exit $$status
+
 # Regression gate (README: "Regression gate"). A fixed, short configuration on every device, compared with
 # results/baselines/<GPU model>.json (`bench baseline name` prints the name for this machine) or BASELINE=NAME.
 # Exit status: the gate's when it fails (1: slower or more memory; 2: bad input, e.g. no baseline for this

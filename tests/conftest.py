@@ -46,3 +46,39 @@ def cli_error(capsys, *args, env=None, monkeypatch=None):
     with pytest.raises(SystemExit) as e:
         cli.main(list(map(str, args)))
     return e.value.code, capsys.readouterr().err
+
+
+# `make test-fast` (BENCH_TEST_FAST=1, -m "not slow and not gpu"): the tests that start no process group, launch no
+# run and train nothing. Rather than trust every marker, the fast run refuses those three things, so a test that
+# does one of them without `@pytest.mark.slow` fails there with the reason instead of quietly making it slow.
+FAST_ONLY = os.environ.get("BENCH_TEST_FAST") == "1"
+
+
+class SlowInFastRun(RuntimeError):
+    pass
+
+
+def _refuse(what):
+    def refused(*args, **kwargs):
+        raise SlowInFastRun(f"make test-fast: this test {what}; mark it @pytest.mark.slow")
+    return refused
+
+
+if FAST_ONLY:
+    import torch.distributed
+
+    import backends.base
+
+    _popen_init = subprocess.Popen.__init__
+
+    def _guarded_popen(self, args, *rest, **kwargs):
+        argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+        joined = " ".join(argv)
+        if ("-m bench" in joined or "torchrun" in joined or "horovodrun" in joined or "torch.distributed.run" in joined
+                or "install.sh" in joined):
+            _refuse(f"launches {joined[:120]!r}")()
+        return _popen_init(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = _guarded_popen
+    torch.distributed.init_process_group = _refuse("starts a process group")
+    backends.base.Backend.step = _refuse("trains (Backend.step)")
