@@ -186,3 +186,31 @@ def test_energy_on_one_gpu_over_a_span_the_counter_resolves(tmp_path):
     assert rec["mean_watts"] == pytest.approx(rec["energy_total_joules"] / span, rel=0.01)
     assert 10 < rec["mean_watts"] < 2000
     assert len(rec["energy_window_diagnostic"]["joules"]) == 3
+
+
+# -- 7 and channels-last: dp refuses the knobs it cannot honour --------------------------------------------
+
+def _cfg(**kw):
+    from bench.config import RunConfig
+
+    base = dict(backend="dp", launcher="inproc", world_size=2, device_type="cuda", model="resnet18", image_size=32,
+                batch_size=2, warmup=3, steps=2, windows=3)
+    return RunConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("options,reason", [
+    ({"compile": True}, "dp cannot honour --compile: torch.compile cannot trace nn.DataParallel's per-step "
+                        "replicate and replica threads, and compiling the inner model would be bypassed (it would "
+                        "run eager)"),
+    ({"channels_last": True}, "dp cannot honour --channels-last: nn.DataParallel's replicate() gives replicas "
+                              "1..N-1 contiguous weights (broadcast_coalesced), so their convolutions would convert "
+                              "every weight on every step"),
+])
+def test_dp_refuses_compile_and_channels_last_with_the_reason(options, reason):
+    import backends
+
+    dp = backends.create("dp")
+    assert dp.unavailable(_cfg(options=options)) == reason
+    assert dp.unavailable(_cfg(options=options, world_size=1, device_type="cpu")) == reason
+    assert dp.unavailable(_cfg(options={k: False for k in options})) is None  # switched off: nothing to refuse
+    assert backends.create("ddp").unavailable(_cfg(backend="ddp", launcher="torchrun", options=options)) is None
