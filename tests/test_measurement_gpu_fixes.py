@@ -214,3 +214,18 @@ def test_dp_refuses_compile_and_channels_last_with_the_reason(options, reason):
     assert dp.unavailable(_cfg(options=options, world_size=1, device_type="cpu")) == reason
     assert dp.unavailable(_cfg(options={k: False for k in options})) is None  # switched off: nothing to refuse
     assert backends.create("ddp").unavailable(_cfg(backend="ddp", launcher="torchrun", options=options)) is None
+
+
+# -- 9. MFU: the NVL parts have their own peaks ------------------------------------------------------------
+
+@pytest.mark.parametrize("name,precision,peak,form", [
+    ("NVIDIA H100 NVL", "bf16", 835.5, "(NVL)"), ("NVIDIA H100 NVL", "fp32", 417.5, "(NVL)"),
+    ("NVIDIA H200 NVL", "fp16", 835.5, "(NVL)"), ("NVIDIA H200 NVL", "fp32", 417.5, "(NVL)"),
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4, "(SXM)"), ("NVIDIA H200", "bf16", 989.4, "(SXM)"),
+    ("NVIDIA H100 PCIe", "bf16", 756.5, "(PCIe)"),
+])
+def test_peak_table_matches_nvl_before_sxm(name, precision, peak, form):
+    from bench import flops
+
+    value, source = flops.peak_tflops(name, precision)
+    assert value == peak and source.endswith(f"datasheet {form}, dense")
