@@ -229,3 +229,60 @@ def test_peak_table_matches_nvl_before_sxm(name, precision, peak, form):
 
     value, source = flops.peak_tflops(name, precision)
     assert value == peak and source.endswith(f"datasheet {form}, dense")
+
+
+# -- eval_throughput: evaluation is warmed up before it is timed --------------------------------------------
+
+class _CountingModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(12, 5)
+        self.calls = []  # (training flag, grad enabled) of every forward
+
+    def forward(self, x):
+        self.calls.append((self.training, torch.is_grad_enabled()))
+        return self.fc(x.flatten(1))
+
+
+class _EvalBackend:
+    launcher, world_size, rank, device_type, autocast_dtype, input_dtype = "inproc", 1, 0, "cpu", None, None
+    data_device = torch.device("cpu")
+
+    def __init__(self):
+        self.model = _CountingModel()
+
+    def barrier(self):
+        pass
+
+    def devices(self):
+        return [torch.device("cpu")]
+
+    def all_reduce_sum(self, t):
+        return t
+
+
+def test_evaluation_runs_one_untimed_eval_mode_forward_before_the_clock(monkeypatch):
+    from types import SimpleNamespace
+
+    from torch.utils.data import TensorDataset
+
+    from bench import evaluate as ev
+
+    torch.manual_seed(1)
+    data = TensorDataset(torch.randn(10, 3, 2, 2), torch.randint(0, 5, (10,)))
+    backend = _EvalBackend()
+    calls_at_clock = []
+    monkeypatch.setattr(ev, "time", SimpleNamespace(perf_counter=lambda: calls_at_clock.append(
+        len(backend.model.calls)) or float(len(calls_at_clock))))
+    out = ev.evaluate(backend, data, batch_size=4)
+    # the clock starts after exactly one forward (the warm-up) and stops after the 3 counted batches
+    assert calls_at_clock == [1, 4]
+    assert backend.model.calls == [(False, False)] * 4  # all in eval mode under no_grad, the warm-up included
+    # the warm-up is not counted: every sample once, the same loss as a plain pass over the set
+    with torch.no_grad():
+        logits = backend.model.fc(data.tensors[0].flatten(1))
+    assert out["eval_samples"] == 10
+    assert out["eval_loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, data.tensors[1]).item())
+    assert out["eval_accuracy"] == pytest.approx((logits.argmax(1) == data.tensors[1]).float().mean().item())
+    assert backend.model.training is True  # put back as it was
