@@ -286,3 +286,37 @@ def test_evaluation_runs_one_untimed_eval_mode_forward_before_the_clock(monkeypa
     assert out["eval_loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, data.tensors[1]).item())
     assert out["eval_accuracy"] == pytest.approx((logits.argmax(1) == data.tensors[1]).float().mean().item())
     assert backend.model.training is True  # put back as it was
+
+
+# -- 10. DataParallel's memory imbalance comes from its cudnn.benchmark-off run ------------------------------
+
+def test_dp_memory_imbalance_is_reported_from_the_cudnn_off_run(tmp_path, capsys):
+    from bench.report.summary import summarise, usable_records
+    from tests.test_report import make, run_report, write
+
+    raw = write(tmp_path, make("single", 1, 100.0),
+                make("dp", 2, 120.0, reserved=[12 * GiB, 6 * GiB]),  # on: 12/9 with the search's workspaces
+                make("dp", 2, 150.0, cudnn=False, reserved=[10 * GiB, 8 * GiB]),  # off: 10/9
+                make("dp", 4, 200.0, reserved=[12 * GiB, 6 * GiB, 6 * GiB, 6 * GiB]),  # no off run at 4
+                make("ddp", 2, 190.0, reserved=[12 * GiB, 6 * GiB]),
+                make("ddp", 2, 180.0, cudnn=False, reserved=[10 * GiB, 8 * GiB]))
+    rows = {(r["backend"], r["world_size"], r["cudnn_benchmark"]): r
+            for r in summarise(usable_records(raw, print)).to_dict("records")}
+    dp_on = rows[("dp", 2, True)]
+    assert dp_on["memory_imbalance"] == pytest.approx(10 / 9)
+    assert dp_on["memory_imbalance_with_search"] == pytest.approx(12 / 9)
+    assert dp_on["memory_imbalance_from"] == "cudnn.benchmark off"
+    assert rows[("dp", 2, False)]["memory_imbalance"] == pytest.approx(10 / 9)
+    assert rows[("dp", 2, False)]["memory_imbalance_from"] is None
+    # where the off variant did not run, and for every other backend, the run's own figure stands
+    assert rows[("dp", 4, True)]["memory_imbalance"] == pytest.approx(12 / 7.5)
+    assert rows[("dp", 4, True)]["memory_imbalance_from"] is None
+    assert rows[("ddp", 2, True)]["memory_imbalance"] == pytest.approx(12 / 9)
+    assert rows[("ddp", 2, True)]["memory_imbalance_from"] is None
+    code, _ = run_report(raw, tmp_path / "rep", capsys)
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    notes = [line for line in md.splitlines() if "is reported from its cudnn.benchmark-off run" in line]
+    assert notes == ["- `dp` ×2: memory imbalance 1.11× (max/mean reserved) is reported from its "
+                     "cudnn.benchmark-off run; with the knob on it measured 1.33×, which holds cuDNN's algorithm "
+                     "search repeated in DataParallel's new replica threads every step (cuDNN's cache is per thread)"]
