@@ -5,6 +5,9 @@ Precision: ``parallel_apply`` runs each replica in a new thread and re-enters au
 ``torch.amp.autocast(device_type, enabled=...)`` and no dtype, so under bf16 the replicas would run fp16
 (CUDA autocast's default) with no GradScaler. ``AutocastForward`` applies the record's dtype inside the
 module's own ``forward``, in whatever thread calls it.
+
+Knobs: dp refuses both common knobs (``REFUSED``), so such a run is "skipped" with the reason instead of being
+recorded as something it did not run.
 """
 import torch
 
@@ -23,11 +26,32 @@ class AutocastForward(torch.nn.Module):
             return self.module(*args, **kwargs)
 
 
+# Why dp cannot honour each common knob (one line each, in the skipped run's reason).
+REFUSED = {
+    # Backend.init_training compiles the bare model, and setup() then wraps the uncompiled one in DataParallel:
+    # the run would be recorded as compiled and run eager. Compiling the DataParallel wrapper instead is not
+    # possible either: it replicates the module and starts a thread per replica inside every forward.
+    "compile": ("dp cannot honour --compile: torch.compile cannot trace nn.DataParallel's per-step replicate "
+                "and replica threads, and compiling the inner model would be bypassed (it would run eager)"),
+    # replicate() copies parameters with broadcast_coalesced (torch/nn/parallel/comm.py, _broadcast_coalesced in
+    # torch/csrc/cuda/comm.cpp), which flattens them and hands replicas 1..N-1 contiguous (NCHW) views: their
+    # convolutions would convert every weight on every step, a cost no other backend's channels-last run pays.
+    "channels_last": ("dp cannot honour --channels-last: nn.DataParallel's replicate() gives replicas 1..N-1 "
+                      "contiguous weights (broadcast_coalesced), so their convolutions would convert every weight "
+                      "on every step"),
+}
+
+
 class DataParallel(Backend):
+    knobs = frozenset()  # neither common knob: REFUSED says why
+
     def unavailable(self, cfg):
         if cfg.device_type == "cpu" and cfg.world_size > 1:
             return ("nn.DataParallel cannot parallelise on CPU (it replicates over CUDA devices only); "
                     "run dp on GPUs, or ddp/ddp_spawn for several CPU workers")
+        refused = [REFUSED[k] for k in REFUSED if (cfg.options or {}).get(k) not in (None, False)]
+        if refused:
+            return "; ".join(refused)
         return super().unavailable(cfg)
 
     def note(self, cfg):

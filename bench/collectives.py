@@ -3,9 +3,14 @@ they use (NCCL on GPUs, gloo on CPU), and of Horovod's allreduce (under horovodr
 
 Definitions are nccl-tests' (PERFORMANCE.md there): for a message of S bytes on n ranks, algbw = S / t, and
 busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter and all_gather (S is the full, gathered
-size), x 1 for broadcast. busbw is comparable across n and with the hardware's link bandwidth. t is the median
-of ``--iters`` timed iterations after ``--warmup`` untimed ones, each bracketed by a device synchronize, the
-slowest rank's time. One record per launcher in RESULTS/collectives/ (schema ``collectives-1``); the report
+size), x 1 for broadcast. busbw is comparable across n and with the hardware's link bandwidth. t is timed as
+nccl-tests times it (common.cu, ``BenchTime``): ``--warmup`` untimed operations, a synchronize and a barrier,
+then ``--iters`` operations back to back between one pair of clock reads closed by one synchronize, divided by
+``--iters``; the slowest rank's t. Bracketing every operation with a barrier and a synchronize instead adds
+launch, synchronize and barrier skew (tens of microseconds) to each sample, which is most of a ~100 us 25 MiB
+all-reduce on NVLink. The ranks agree on the message sizes before the sweep (the smallest free memory of any
+rank sets the largest size): a rank that skipped a size alone would leave the others waiting in a collective
+forever. One record per launcher in RESULTS/collectives/ (schema ``collectives-1``); the report
 draws busbw against message size with the model's gradient size and DDP's bucket size marked.
 """
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
               "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "horovod_allreduce": lambda n: 2 * (n - 1) / n}
-DEFAULT_RANGE = {"cuda": ("4K", "256M"), "cpu": ("4K", "16M")}
+DEFAULT_RANGE = {"cuda": ("4K", "1G"), "cpu": ("4K", "16M")}  # NVLink/NVLS reach their plateau near 1 GiB
 DDP_BUCKET_MB = 25
 
 
@@ -45,9 +50,10 @@ def register(sub) -> None:
     c.add_argument("--max-gpus", help="sweep 2, 4, ... up to N; 'all' = every device (as bench run's --max-gpus)")
     c.add_argument("--device", default="auto", help="auto | cuda | cpu")
     c.add_argument("--min-bytes", help="smallest message (default 4K)")
-    c.add_argument("--max-bytes", help="largest message (default 256M on GPU, 16M on CPU; capped by free memory)")
+    c.add_argument("--max-bytes", help="largest message (default 1G on GPU, 16M on CPU; capped by the smallest free memory of any rank)")
     c.add_argument("--ops", default=",".join(OPS), help=f"comma-separated from {', '.join(OPS)}")
-    c.add_argument("--iters", type=int, default=10, help="timed iterations per size (median; default 10)")
+    c.add_argument("--iters", type=int, default=20, help="operations per size timed back to back, one synchronize "
+                                                         "at the end (default 20, as nccl-tests' -n)")
     c.add_argument("--warmup", type=int, default=3, help="untimed iterations per size (default 3)")
     c.add_argument("--no-horovod", action="store_true", help="skip Horovod's allreduce")
     c.add_argument("--results", default="results/raw", help="records go to RESULTS/collectives")
@@ -168,13 +174,16 @@ def run_rank(spec: dict) -> None:
         backend.init_process_group(cfg)
         device = backend.device
     n, rows = backend.world_size, []
-    free = _free_bytes(device)
+    # Every rank must run the same collectives in the same order, so the sizes are agreed before the sweep: the
+    # smallest free memory of any rank decides for all (each rank deciding alone hangs when GPUs differ).
+    free = min(backend.all_gather(_free_bytes(device)))
+    left_out = [(op, size) for op in c["ops"] for size in c["sizes"] if _needs(op, size, n) > free]
     for op in c["ops"]:
         for size in c["sizes"]:
-            if _needs(op, size, n) > free:
-                continue  # a message that does not fit this machine's memory is not measured
+            if (op, size) in left_out:
+                continue  # a message that does not fit the tightest rank's memory is measured by none
             seconds = _time(op, size, n, device, backend, c["warmup"], c["iters"])
-            t = max(backend.all_gather(seconds))  # the slowest rank's median
+            t = max(backend.all_gather(seconds))  # the slowest rank's time per operation
             algbw = size / t / 1e9
             rows.append({"op": op, "bytes": size, "seconds": t, "algbw_gbps": algbw,
                          "busbw_gbps": algbw * BUS_FACTOR[op](n)})
@@ -182,7 +191,8 @@ def run_rank(spec: dict) -> None:
         record = {"schema": "collectives-1", "kind": "collectives", "run_id": spec["run_id"], "status": "ok",
                   "reason": None, "launcher": cfg.launcher, "backend": cfg.backend, "world_size": n,
                   "device_type": cfg.device_type, "process_group": _group_name(cfg, backend), "iters": c["iters"],
-                  "warmup": c["warmup"], "results": rows, "env": spec["env"], "finished_at": results.utc_now()}
+                  "warmup": c["warmup"], "timing": TIMING, "free_bytes_min": free,
+                  "left_out": [{"op": op, "bytes": size} for op, size in left_out], "results": rows, "env": spec["env"], "finished_at": results.utc_now()}
         results.write_json_atomic(record, Path(spec["results_dir"]) / f"{spec['run_id']}.json")
     backend.barrier()
     backend.teardown()
@@ -218,16 +228,17 @@ def _needs(op: str, size: int, n: int) -> int:
     return size * (2 if op in ("all_reduce", "broadcast", "horovod_allreduce") else 1 + 1 / n) + size
 
 
-def _time(op, size, n, device, backend, warmup, iters) -> float:
-    """Median seconds of one ``op`` on a message of ``size`` bytes (fp32 elements) on this rank."""
-    import statistics
+TIMING = "nccl-tests: warm-up, sync + barrier, iters back-to-back operations, one sync; time / iters"
 
+
+def _time(op, size, n, device, backend, warmup, iters) -> float:
+    """Seconds per ``op`` on a message of ``size`` bytes (fp32 elements) on this rank, timed as nccl-tests does."""
     import torch
     import torch.distributed as dist
 
     elems = max(n, size // 4) // n * n  # divisible by n, for reduce_scatter and all_gather
     if op in ("all_reduce", "broadcast", "horovod_allreduce"):
-        x = torch.ones(elems, device=device)
+        x = torch.zeros(elems, device=device)  # zeros: back-to-back sums stay finite
         call = {"all_reduce": lambda: dist.all_reduce(x),
                 "broadcast": lambda: dist.broadcast(x, src=0),
                 "horovod_allreduce": lambda: backend.hvd.allreduce_(x, op=backend.hvd.Sum)}[op]
@@ -242,16 +253,25 @@ def _time(op, size, n, device, backend, warmup, iters) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    times = []
-    for i in range(warmup + iters):
-        backend.barrier()
-        sync()
-        t0 = time.perf_counter()
+    return time_block(call, sync, backend.barrier, warmup, iters)
+
+
+def time_block(call, sync, barrier, warmup: int, iters: int, clock=time.perf_counter) -> float:
+    """nccl-tests' loop (src/common.cu, ``BenchTime``): ``warmup`` untimed calls, synchronize, barrier (every
+    rank starts together), then ``iters`` calls back to back between two clock reads, the second after one
+    synchronize; seconds per call. The operations queue on the device (NCCL's stream) without a host round
+    trip between them, so a sample holds no per-operation launch, synchronize or barrier skew. No synchronize is
+    needed after the barrier: ProcessGroupNCCL's barrier blocks the host until its collective completes (torch
+    distributed_c10d.py, ``barrier``'s note)."""
+    for _ in range(warmup):
         call()
-        sync()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    sync()
+    barrier()
+    t0 = clock()
+    for _ in range(iters):
+        call()
+    sync()
+    return (clock() - t0) / iters
 
 
 def load(results_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) -> list[dict]:

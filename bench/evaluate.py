@@ -9,9 +9,16 @@ count them twice. Every rank still runs the padded shard, so all ranks run the s
 and ZeRO-3 all-gather parameters in each forward, and a rank with one batch fewer would leave the others
 waiting forever), but the padded positions are masked out of the sums (``exact_shard`` lists the kept ones):
 every sample is counted exactly once and ``eval_samples`` is the set's size, never the padded size.
+
+Warm-up: before the clock starts, every rank runs one untimed forward on its first batch in eval mode under
+``no_grad``. Under ``--compile`` that is where torch.compile recompiles for eval mode (its guards include the
+module's ``training`` flag and the grad mode), which would otherwise sit inside ``eval_seconds``; it also takes
+the loader's start-up out of the timed region. Every rank does it, so all still run the same number of
+forwards; the warm-up's outputs are not counted.
 """
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -51,17 +58,29 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, samples
+
+    def forward(images):
+        with torch.autocast(backend.device_type, dtype=backend.autocast_dtype,
+                            enabled=backend.autocast_dtype is not None):
+            return model(images)
+
+    batches = iter(loader)
+    first = next(batches, None)
+    with torch.no_grad():
+        if first is not None:  # warm-up, untimed and not counted (module docstring)
+            forward(first[0].to(device, dtype=input_dtype))
+    for d in backend.devices():
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
     backend.barrier()
     t0 = time.perf_counter()
     with torch.no_grad():
         seen = 0
-        for item in loader:
+        for item in itertools.chain([] if first is None else [first], batches):
             images, targets = item[0].to(device, dtype=input_dtype), item[1].to(device)
             keep = keep_all[seen:seen + len(targets)]
             seen += len(targets)
-            with torch.autocast(backend.device_type, dtype=backend.autocast_dtype,
-                                enabled=backend.autocast_dtype is not None):
-                out = model(images)
+            out = forward(images)
             losses = F.cross_entropy(out.float(), targets, reduction="none")
             sums[0] += losses[keep].sum().double()
             sums[1] += (out.argmax(dim=1) == targets)[keep].sum()

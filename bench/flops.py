@@ -9,7 +9,13 @@ MFU = achieved FLOP/s / (dense peak per device x devices), achieved = FLOPs per 
 The peak is the device's dense tensor-core rate at the run's precision (no 2:4 sparsity), from NVIDIA's
 datasheets below, or ``--peak-tflops``. fp32 runs use the TF32 rate: cuDNN runs fp32 convolutions on TF32
 tensor cores by default (``torch.backends.cudnn.allow_tf32``), and convolutions are these models' FLOPs. On CPU,
-or on a GPU not in the table, MFU is left empty.
+or on a GPU not in the table, MFU is left empty. fp32 matrix multiplications (the classifier's Linear) are NOT
+TF32 by default (``torch.backends.cuda.matmul.allow_tf32`` is False, ``torch.get_float32_matmul_precision()``
+is "highest"; torch 2.15 ``torch/backends/cuda/__init__.py``); the suite leaves both as they are, so a model
+whose FLOPs are mostly matmuls runs them at the fp32 rate (about 1/7 of TF32 on an H100) and its fp32 MFU reads low.
+
+Rows are tried in order and the first match wins: the NVL parts come before the SXM rows their names would
+also match (``H100 NVL`` contains ``H100``), since their peaks are about 16% lower.
 """
 from __future__ import annotations
 
@@ -20,6 +26,10 @@ from functools import lru_cache
 PEAKS = [
     (r"H100.*(PCIe|PCIE)", {"bf16": 756.5, "fp16": 756.5, "fp32": 378.0},
      "NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense"),
+    # H100 NVL and H200 NVL: 1,671 TFLOP/s bf16/fp16 and 835 TF32 "with sparsity" per GPU in NVIDIA's H100
+    # Tensor Core GPU datasheet (H100 NVL column) and H200 Tensor Core GPU datasheet (H200 NVL column); dense is half.
+    (r"H100.*NVL", {"bf16": 835.5, "fp16": 835.5, "fp32": 417.5}, "NVIDIA H100 Tensor Core GPU datasheet (NVL), dense"),
+    (r"H200.*NVL", {"bf16": 835.5, "fp16": 835.5, "fp32": 417.5}, "NVIDIA H200 Tensor Core GPU datasheet (NVL), dense"),
     (r"H100", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}, "NVIDIA H100 Tensor Core GPU datasheet (SXM), dense"),
     (r"H200", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}, "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense"),
     (r"A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}, "NVIDIA A100 Tensor Core GPU datasheet, dense"),

@@ -98,7 +98,9 @@ def run(spec: dict) -> None:
         "memory": memory,
         "param_sha256": checksum,
         "eval": evaluated,
-        "energy_joules": timed["energy"],
+        "energy_joules": timed["energy"],  # per window: diagnostics only (bench/energy.py)
+        "energy_span_joules": timed["energy_span"][0],  # first read before window 1 to last read after the last
+        "energy_span_seconds": timed["energy_span"][1],
         "energy_reason": meter.reason,
         "compute_only_window_seconds": compute_only and compute_only["seconds"],
         "no_compute_only": no_compute_only,
@@ -127,10 +129,12 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool) -> dict:
     """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
     t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region."""
     out = {"seconds": [], "data_wait": [], "skipped": [], "energy": []}
-    for _ in range(cfg.windows):
+    for i in range(cfg.windows):
         backend.barrier()  # start every window together; the barrier itself is not timed
         sync()
         scale, joules = backend.loss_scale(), meter.read()
+        if i == 0:  # energy over the whole span: NVML's counter is too coarse for one window (bench/energy.py)
+            first_joules, e0 = joules, time.perf_counter()
         w0 = backend.batches.wait_seconds if waited else 0.0
         t0 = time.perf_counter()
         backend.train(cfg.steps)
@@ -138,7 +142,9 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool) -> dict:
         out["seconds"].append(time.perf_counter() - t0)
         out["data_wait"].append(backend.batches.wait_seconds - w0 if waited else 0.0)
         out["skipped"].append(skips(scale, backend.loss_scale()))
-        out["energy"].append(window_energy(joules, meter.read()))
+        last_joules = meter.read()
+        out["energy"].append(window_energy(joules, last_joules))
+    out["energy_span"] = (window_energy(first_joules, last_joules), time.perf_counter() - e0)
     return out
 
 
@@ -235,7 +241,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         backend_info=per_rank[0].get("backend_info"),
         **eval_fields(per_rank),
         **compute_only_fields(per_rank),
-        **energy_fields(per_rank, times, global_batch * cfg.steps),
+        **energy_fields(per_rank, times, global_batch * cfg.steps, global_batch * cfg.steps * len(times)),
         **flops_fields(cfg, memory, thr),
         loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
         threads_per_rank=spec["threads_per_rank"],
@@ -262,15 +268,23 @@ def compute_only_fields(per_rank: list[dict]) -> dict:
     }
 
 
-def energy_fields(per_rank: list[dict], times: list[float], samples_per_window: int) -> dict:
-    """Joules of every GPU of the run per window (each rank read its own), per image and as mean watts."""
+def energy_fields(per_rank: list[dict], times: list[float], samples_per_window: int, samples: int) -> dict:
+    """Energy of every GPU of the run (each rank read its own). ``joules_per_image`` and ``mean_watts`` come from
+    one read before the first window and one after the last on each rank; per-window joules and their medians
+    are ``energy_window_diagnostic`` only: NVML's counter moves every 20-100 ms, as coarse as a short window."""
     from bench import energy
 
+    span = [r.get("energy_span_joules") for r in per_rank]
+    measured = all(j is not None for j in span)
     joules = [None if any(j is None for j in w) else sum(w)
               for w in zip(*(r.get("energy_joules") or [None] * len(times) for r in per_rank))]
-    return {"energy_joules": joules if any(j is not None for j in joules) else None,
+    return {"energy_total_joules": sum(span) if measured else None,
+            "energy_span_seconds": max(r["energy_span_seconds"] for r in per_rank) if measured else None,
             "energy_reason": per_rank[0].get("energy_reason"),
-            **energy.summarise(joules, times, samples_per_window)}
+            **energy.span_summary(span, [r.get("energy_span_seconds") for r in per_rank], samples),
+            "energy_window_diagnostic": {"joules": joules, **{
+                f"median_{k}": v for k, v in energy.summarise(joules, times, samples_per_window).items()}}
+            if measured else None}
 
 
 def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:

@@ -110,7 +110,9 @@ def collectives_section(src: Path, out: Path, summary_rows: list[dict], warn) ->
     md = ["## Collectives (bench collectives)", "",
           "Bus bandwidth (GB/s) over the process group the backends use, nccl-tests' definitions: algbw = bytes / "
           "time; busbw = algbw × 2(n-1)/n for all_reduce, × (n-1)/n for reduce_scatter and all_gather, × 1 for "
-          "broadcast; the median of the timed iterations, the slowest rank's.", ""]
+          "broadcast. Timed as nccl-tests does: after warm-up, the timed operations run back to back between one "
+          "pair of clock reads closed by one synchronize; time per operation, the slowest rank's. Every rank runs "
+          "the sizes that fit the tightest rank's free memory.", ""]
     grads = {r["model"]: 4 * flops.parameter_count(r["model"]) for r in summary_rows if r["model"] != "none"}
     for rec in sorted(recs, key=lambda r: (r["device_type"], r["world_size"], r["process_group"])):
         ops = list(dict.fromkeys(x["op"] for x in rec["results"]))

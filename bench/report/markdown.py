@@ -182,6 +182,11 @@ def notes(ok: list[dict]) -> list[str]:
                              f"{sum(rec['skipped_steps'])} optimizer step(s) (fp16 overflow) in window(s) "
                              f"{', '.join(map(str, hit))}: those windows timed fewer real updates")
     lines += cudnn_lines(ok)
+    lines += [f"- `{label(r)}` ×{r['world_size']}: memory imbalance {r['memory_imbalance']:.2f}× (max/mean reserved) "
+              f"is reported from its cudnn.benchmark-off run; with the knob on it measured "
+              f"{r['memory_imbalance_with_search']:.2f}×, which holds cuDNN's algorithm search repeated in "
+              "DataParallel's new replica threads every step (cuDNN's cache is per thread)"
+              for r in ok if r.get("memory_imbalance_from")]
     return ["Notes:", ""] + lines + [""] if lines else []
 
 

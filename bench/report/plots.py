@@ -117,7 +117,8 @@ def _plot_memory(plt, ok, series, color, unit, device):
                 if gpu:
                     ax.bar(x, inner / GiB, width * 0.55, color=c)
             if devs and r["memory_imbalance"] and r["world_size"] > 1:
-                ax.annotate(f"{r['memory_imbalance']:.2f}×", (g, max(m for _, m, _ in devs) / GiB), ha="center",
+                off = " (cudnn off)" if r.get("memory_imbalance_from") else ""  # dp: summary.dp_imbalance_from_cudnn_off
+                ax.annotate(f"{r['memory_imbalance']:.2f}×{off}", (g, max(m for _, m, _ in devs) / GiB), ha="center",
                             va="bottom", fontsize=9)
         ax.margins(y=0.15)
     panels[0][0].set_ylabel("peak memory per GPU (GiB)" if gpu else "host peak RSS per rank (GiB)")

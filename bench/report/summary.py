@@ -73,7 +73,28 @@ def summarise(recs: list[dict]):
                    skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples)
         row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
         rows.append(row)
+    dp_imbalance_from_cudnn_off(rows)
     return nones(add_efficiency(nones(pd.DataFrame(rows))))
+
+
+def dp_imbalance_from_cudnn_off(rows: list[dict]) -> None:
+    """DataParallel's memory imbalance, where it ran with cudnn.benchmark both on and off, is the off run's.
+
+    cuDNN keeps its benchmark cache per thread, and nn.DataParallel runs each replica in a new thread on every
+    forward, so with the knob on every step may repeat the algorithm search, and its workspaces land in the
+    timed windows' peaks, on some GPUs more than others. The on run's own figure stays as
+    ``memory_imbalance_with_search``; ``memory_imbalance_from`` says where the reported one comes from."""
+    from bench import results
+
+    same = lambda r: tuple(str(r[k]) for k in results.CONFIG_KEYS if k != KNOB)  # noqa: E731
+    knob = lambda r: None if r[KNOB] is None or r[KNOB] != r[KNOB] else bool(r[KNOB])  # numpy bool, NaN  # noqa: E731
+    off = {same(r): r for r in rows if knob(r) is False and r["memory_imbalance"] is not None}
+    for r in rows:
+        r["memory_imbalance_from"] = r["memory_imbalance_with_search"] = None
+        if r["backend"] == "dp" and knob(r) is True and same(r) in off:
+            r["memory_imbalance_with_search"] = r["memory_imbalance"]
+            r["memory_imbalance"] = off[same(r)]["memory_imbalance"]
+            r["memory_imbalance_from"] = "cudnn.benchmark off"
 
 
 def hardware_fields(ok: list[dict], throughput, world_size) -> dict:
