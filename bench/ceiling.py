@@ -146,6 +146,13 @@ def _rank(queue, barrier, name, decode, data_dir, size, batch, workers, rank, ra
     try:
         torch.set_num_threads(1)  # the workers do the work; the rank's own threads should not compete with them
         device = torch.device(f"cuda:{rank}" if device_type == "cuda" else "cpu")
+        if device.type == "cuda":
+            # Before anything touches CUDA: the DataLoader's pin-memory thread (torch/utils/data/_utils/
+            # pin_memory.py, _pin_memory_loop) sets its device to torch.accelerator.current_device_index() of this
+            # process, read when the iterator starts (dataloader.py, _MultiProcessingDataLoaderIter.__init__), and
+            # DALI's and nvJPEG's allocations land on the current device too: without this, every rank opens a
+            # context on GPU 0.
+            torch.cuda.set_device(device)
         source = loaders.build(name, decode, data_dir, size, batch, workers, rank, ranks, distributed=ranks > 1,
                                device=device)
         timed = data.TimedBatches(source, device)

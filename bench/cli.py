@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     # func(args) -> exit code.
     import importlib
 
-    for mod in ("report", "compare", "baseline", "verify", "collectives", "predict", "multinode", "ceiling"):
+    for mod in ("report", "compare", "baseline", "verify", "collectives", "predict", "multinode", "ceiling", "doctor"):
         importlib.import_module(f"bench.{mod}").register(sub)
     return p
 

@@ -2,7 +2,9 @@
 DataParallel's precision and memory on two GPUs. Marked ``gpu``; each skips without the GPUs it needs.
 
 The GPU machines lent to this project have one GPU, so every backend is checked at world size 1 there; the
-2-GPU tests run on multi-GPU runners (``make test ARGS="-m gpu"``).
+2-GPU tests (every backend, ``bench collectives``, DataParallel's energy over its GPUs, SyncBatchNorm) run on
+multi-GPU runners (``make test ARGS="-m gpu"``, or ``python -m bench doctor``). Each run is tiny (resnet18 at
+64 px, 3 steps x 3 windows) so the whole ``-m gpu`` set fits bench doctor's budget.
 """
 import pytest
 import torch
@@ -89,6 +91,7 @@ def test_cudnn_benchmark_off_is_applied_and_recorded(results_dir):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["cudnn_benchmark"] is False
+    assert rec["throughput"] > 0 and len(rec["window_seconds"]) == 3 and rec["memory"][0]["peak_allocated_bytes"] > 0
 
 
 @one_gpu
@@ -101,6 +104,7 @@ def test_horovod_on_one_gpu(results_dir):
     [rec] = records(results_dir)
     assert rec["status"] == "ok", rec["reason"]
     assert rec["backend_info"]["grad_scaler"] is True and len(rec["skipped_steps"]) == 3
+    assert rec["precision"] == "fp16" and rec["throughput"] > 0 and rec["memory"][0]["device_index"] == 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -186,6 +190,8 @@ def test_new_backends_in_mixed_precision_on_one_gpu(results_dir, precision):
         assert rec["backend_info"]["process_group"] == "nccl"
         assert rec["backend_info"]["grad_scaler"] is (precision == "fp16"), name
         assert (rec["skipped_steps"] is not None) is (precision == "fp16"), name
+        assert rec["global_batch"] == 16 and rec["throughput"] > 0 and rec["precision"] == precision, name
+        assert [(m["rank"], m["device_index"]) for m in rec["memory"]] == [(0, 0)], name
     assert recs["fsdp2"]["backend_info"]["param_dtype"] == half  # MixedPrecisionPolicy, BatchNorm kept in fp32
     for stage in (1, 2, 3):
         assert recs[f"ds_zero{stage}"]["backend_info"]["param_dtype"] == half  # DeepSpeed's own fp16/bf16 section
@@ -199,6 +205,8 @@ def test_powersgd_and_compression_hooks_run_on_nccl(results_dir):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         [rec] = records(results_dir / hook)
         assert rec["status"] == "ok" and rec["backend_info"]["comm_hook"] == hook
+        assert rec["backend_info"]["process_group"] == "nccl" and rec["throughput"] > 0
+        assert len(rec["window_seconds"]) == 3 and all(t > 0 for t in rec["window_seconds"])
 
 
 @one_gpu
@@ -206,3 +214,82 @@ def test_every_backend_passes_verify_on_one_gpu(tmp_path):
     proc = bench("verify", "--gpus", 1, "--device", "cuda", "--steps", 8, "--results", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every backend at 2 GPUs (issue 24): identical replicas, each rank on its own GPU, the recorded settings
+
+def two_gpu_record(results_dir, backend, *extra):
+    proc = bench("run", "--backends", backend, "--gpus", 2, *GPU_RUN, *extra, "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["replicas_consistent"] is True and rec["global_batch"] == 32 and rec["world_size"] == 2
+    assert [(m["rank"], m["device_index"]) for m in rec["memory"]] == [(0, 0), (1, 1)]
+    assert all(m["peak_reserved_bytes"] >= m["peak_allocated_bytes"] > 0 for m in rec["memory"])
+    assert rec["backend_info"]["process_group"] == "nccl" and len(rec["window_seconds"]) == 3
+    return rec
+
+
+@two_gpus
+def test_fsdp2_fp16_on_two_gpus_runs_its_compute_only_windows(results_dir):
+    """Item 1: GradScaler.step after windows run under set_requires_gradient_sync(False) at 2 ranks."""
+    rec = two_gpu_record(results_dir, "fsdp2", "--precision", "fp16")
+    info = rec["backend_info"]
+    assert info["grad_scaler"] is True and info["param_dtype"] == "float16"
+    assert len(rec["skipped_steps"]) == 3 and all(isinstance(n, int) for n in rec["skipped_steps"])
+
+
+@two_gpus
+@pytest.mark.parametrize("backend", ["ds_zero1", "ds_zero2", "ds_zero3", "ddp_zero", "allreduce_manual"])
+def test_sharded_and_manual_backends_on_two_gpus_keep_identical_replicas(results_dir, backend):
+    rec = two_gpu_record(results_dir, backend)
+    assert rec["precision"] == "fp32" and rec["backend_info"]["grad_scaler"] is False
+    if backend.startswith("ds_zero"):
+        assert rec["backend_info"]["zero_stage"] == int(backend[-1])
+
+
+@two_gpus
+def test_syncbatchnorm_at_two_ranks(results_dir):
+    rec = two_gpu_record(results_dir, "ddp_amp_syncbn")
+    info = rec["backend_info"]
+    assert info["sync_batchnorm_layers"] == 20 and info["grad_scaler"] is True and info["autocast_dtype"] == "float16"
+
+
+@two_gpus
+def test_dataparallel_energy_is_summed_over_its_gpus(results_dir):
+    import backends
+    from bench.config import RunConfig
+    from bench.energy import EnergyMeter
+
+    cfg = RunConfig(backend="dp", launcher="inproc", world_size=2, device_type="cuda", model="resnet18",
+                    image_size=64, batch_size=4, warmup=2, steps=1, windows=1).validate()
+    dp = backends.create("dp")
+    dp.setup(cfg)
+    meter = EnergyMeter(dp.devices())
+    assert [d.index for d in dp.devices()] == [0, 1] and meter.reason is None
+    assert len(meter.read()) == 2  # one counter per GPU the one process drives
+    proc = bench("run", "--backends", "dp", "--gpus", 2, *GPU_RUN, "--cudnn-benchmark", "on", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok" and rec["energy_reason"] is None
+    assert len(rec["energy_joules"]) == 3 and all(j > 0 for j in rec["energy_joules"])
+    assert rec["joules_per_image"] > 0 and rec["mean_watts"] > 0
+
+
+@two_gpus
+def test_collectives_on_two_gpus_over_nccl(tmp_path):
+    proc = bench("collectives", "--gpus", 2, "--device", "cuda", "--max-bytes", "1M", "--iters", 3, "--warmup", 1,
+                 "--no-horovod", "--results", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    recs = [json.loads(p.read_text()) for p in (tmp_path / "collectives").glob("*.json")]
+    assert recs and all(r["status"] == "ok" and r["world_size"] == 2 and r["device_type"] == "cuda" for r in recs)
+    nccl = [r for r in recs if r["process_group"] == "nccl"]
+    assert nccl, [r["process_group"] for r in recs]
+    factor = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5, "broadcast": 1.0}  # n = 2
+    for r in nccl[0]["results"]:
+        assert r["seconds"] > 0 and r["algbw_gbps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor[r["op"]])
+    assert {r["op"] for r in nccl[0]["results"]} == set(factor) and max(r["bytes"] for r in nccl[0]["results"]) == 2 ** 20

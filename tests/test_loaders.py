@@ -281,3 +281,143 @@ def test_gpu_decode_run(tree, results_dir, loader):
     assert proc.returncode == 0, proc.stderr
     (rec,) = records(results_dir)
     assert rec["status"] == "ok" and (rec["loader"], rec["decode"]) == (loader, "gpu")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Issue 24: DALI's shuffle and copy, DALI's build, bench loader's device, the GPU decoder, real-data memory
+
+def test_dali_reader_is_shuffled_from_the_first_batch_and_every_rank_sees_every_class(tree):
+    from bench.loaders import dali
+
+    files = [f"f{i}" for i in range(10)]
+    kw = [dali.reader_kwargs(files, r, 2, seed=0) for r in (0, 1)]
+    assert kw[0]["random_shuffle"] is True and kw[0]["initial_fill"] == 1024 and "shuffle_after_epoch" not in kw[0]
+    # one shuffled list, the same on every rank (so the shards stay disjoint); labels are the files' own indices
+    assert kw[0]["files"] == kw[1]["files"] != files and sorted(kw[0]["files"]) == files
+    assert [files[i] for i in kw[0]["labels"]] == kw[0]["files"]
+    assert (kw[0]["shard_id"], kw[1]["shard_id"], kw[0]["num_shards"]) == (0, 1, 2)
+    # the real pipeline: rank 0 of 2 reads half the set in epoch 0; in file order that half held 2 of the 4 classes
+    ranks = sources(tree, "dali", world=2)
+    got, _ = read_epoch(ranks[0], 0)
+    classes = {int(ranks[0].targets[i]) for i in got}
+    assert len(classes) == 4, classes
+    assert ranks[0].info == {"shuffle": "file list shuffled once (seeded), then random_shuffle",
+                             "initial_fill": 1024, "decoder": "cpu", "copy_to_gpu": None}
+
+
+def test_dali_decode_cpu_on_a_gpu_copies_to_the_rank_gpu_in_the_pipeline():
+    from bench.loaders import dali
+
+    assert dali.pipeline_devices("cpu", "cuda:3") == {"device_id": 3, "decoder": "cpu", "to_gpu": True}
+    assert dali.pipeline_devices("gpu", "cuda:1") == {"device_id": 1, "decoder": "mixed", "to_gpu": False}
+    assert dali.pipeline_devices("cpu", "cpu") == {"device_id": None, "decoder": "cpu", "to_gpu": False}
+
+
+class FakeDist:
+    def __init__(self, name):
+        self.metadata = {"Name": name}
+
+
+@pytest.mark.parametrize("torch_cuda,installed,reason", [
+    ("13.0", ["nvidia-dali-cuda130"], None),
+    ("12.8", ["nvidia_dali_cuda120"], None),
+    (None, ["nvidia-dali-cuda130"], None),  # CPU-only torch: DALI's CPU pipeline runs with any build
+    ("12.8", ["nvidia-dali-cuda130"], "the installed NVIDIA DALI (nvidia-dali-cuda130) is not built for torch's CUDA "
+                                      "12.8: pip uninstall -y nvidia-dali-cuda130 && pip install nvidia-dali-cuda120"),
+    ("13.0", ["nvidia-dali-cuda120", "nvidia-dali-cuda130"],
+     "several NVIDIA DALI builds are installed (nvidia-dali-cuda120, nvidia-dali-cuda130) over one nvidia/dali "
+     "folder; torch is built for CUDA 13.0: pip uninstall -y nvidia-dali-cuda120 nvidia-dali-cuda130 && "
+     "pip install nvidia-dali-cuda130"),
+])
+def test_dali_build_must_match_torch_cuda(monkeypatch, torch_cuda, installed, reason):
+    import importlib.metadata
+
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    monkeypatch.setattr(importlib.metadata, "distributions",
+                        lambda: [FakeDist("torch"), FakeDist("nvidia-dali-tf-plugin-cuda120")] + list(map(FakeDist, installed)))
+    assert loaders.unavailable("dali") == reason
+
+
+def test_missing_dali_names_the_build_for_torch_cuda(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n.startswith("nvidia") else real(n, *a))
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    assert loaders.unavailable("dali") == "NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)"
+
+
+def test_bench_loader_rank_sets_its_gpu_before_building_the_loader(monkeypatch):
+    from bench import ceiling
+
+    calls = []
+
+    class Queue:
+        def put(self, item):
+            calls.append(("put", item))
+
+    class Barrier:
+        def wait(self, timeout):
+            pass
+
+    class Timed:
+        skipped, empty_classes = 0, 0
+
+        def __init__(self, source, device):
+            calls.append(("timed", str(device)))
+
+        def __next__(self):
+            return None
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    monkeypatch.setattr(loaders, "build", lambda *a, **kw: calls.append(("build", str(kw["device"]))))
+    monkeypatch.setattr(data, "TimedBatches", Timed)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    ceiling._rank(Queue(), Barrier(), "torchvision", "cpu", "x", 32, 4, 1, 1, 2, "cuda", 1, 1)
+    assert calls[:3] == [("set_device", "cuda:1"), ("build", "cuda:1"), ("timed", "cuda:1")]
+    assert calls[3][0] == "put" and calls[3][1][0] == 1 and isinstance(calls[3][1][1], dict)
+
+
+def test_gpu_decode_path_raises_no_deprecation_warning(tree):
+    import inspect
+    import warnings
+
+    import torchvision.io
+
+    # decode_image, torchvision's other decoder, has no device: it cannot replace nvJPEG's decode_jpeg
+    assert "device" not in inspect.signature(torchvision.io.decode_image).parameters
+    ds = data.SkippingImageFolder(tree / "train", load=loaders.tv.ReadForGpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        images, refused = loaders.tv.decode_and_augment([ds[i][0] for i in range(3)], 32, torch.device("cpu"))
+    assert images.shape == (3, 3, 32, 32) and refused == 0
+
+
+def test_real_data_memory_comes_from_nvml_in_the_report(tmp_path):
+    from tests.test_report import GiB, make, run_report
+
+    real = make("ddp", 2, 500.0, data="imagenet", loader="dali", decode="gpu", reserved=[10 * GiB, 12 * GiB])
+    real["memory"][1]["nvml_used_bytes"] = 15 * GiB
+    synthetic = make("ddp", 2, 900.0)
+    raw = tmp_path / "raw"
+    for r in (real, synthetic):
+        results.save(r, raw)
+    assert run_report(raw, tmp_path / "out")[0] == 0
+    md = (tmp_path / "out" / "REPORT.md").read_text()
+    section = md[md.index("## Real-data memory"):]
+    assert "DALI and nvJPEG allocate GPU memory outside torch's caching allocator" in section
+    assert "compare real-data runs by *NVML used*" in section
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ddp")]
+    assert rows == ["| ddp (dali loader, decode gpu) | 2 | dali / decode gpu | 12.00 GiB | 15.00 GiB | +3.00 GiB |"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dali_decode_cpu_batches_leave_the_pipeline_on_the_gpu(tree):
+    """The pipeline itself copies (pinned staging, async): the source's own output is already on the GPU."""
+    (source,) = [loaders.build("dali", "cpu", str(tree), 32, 4, 1, 0, 1, distributed=False,
+                               device=torch.device("cuda:0"))]
+    images, targets, _ = next(iter(source.epoch(0)))
+    assert images.device == torch.device("cuda:0") and images.shape == (4, 3, 32, 32)
+    assert source.info["copy_to_gpu"] == "dali" and targets.dtype == torch.int64

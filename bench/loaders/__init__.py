@@ -13,12 +13,13 @@ times every wait the same way for all of them.
 from __future__ import annotations
 
 import importlib.util
+import re
 
 from bench.config import ConfigError
 
 LOADERS = ("torchvision", "dali")
 DECODES = ("cpu", "gpu")
-DALI_INSTALL = "pip install nvidia-dali-cuda130 (make install does, on Linux x86_64 and aarch64)"
+DALI_DEFAULT = "nvidia-dali-cuda130"  # what pyproject.toml installs on Linux x86_64 and aarch64
 
 
 def check(loader: str, decode: str, device_type: str) -> None:
@@ -32,17 +33,49 @@ def check(loader: str, decode: str, device_type: str) -> None:
                           f"use --decode cpu")
 
 
+def dali_builds() -> list[str]:
+    """The DALI distributions installed (``nvidia-dali-cuda120``, ``nvidia-dali-cuda130``, ...), sorted. Each build
+    is one wheel per CUDA major version, all installing the same ``nvidia.dali`` package."""
+    import importlib.metadata
+
+    names = {(d.metadata["Name"] or "").lower().replace("_", "-") for d in importlib.metadata.distributions()}
+    return sorted(n for n in names if re.fullmatch(r"nvidia-dali-cuda\d+", n))
+
+
+def dali_build_for_torch() -> str | None:
+    """The DALI wheel matching torch's CUDA major version (``torch.version.cuda`` 12.8 -> nvidia-dali-cuda120), or
+    None for a CPU-only torch (DALI's CPU pipeline then runs with any build)."""
+    import torch
+
+    cuda = torch.version.cuda
+    return f"nvidia-dali-cuda{int(cuda.split('.')[0])}0" if cuda else None
+
+
 def unavailable(loader: str) -> str | None:
-    """Why ``loader`` cannot run here (and the fix), or None. Imports nothing heavy."""
+    """Why ``loader`` cannot run here (and the fix), or None. A DALI built for another CUDA major version than
+    torch's loads, then fails at run time (its libraries link that CUDA's runtime), so it is skipped here with the
+    pip command that fixes it."""
     if loader != "dali":
         return None
+    want = dali_build_for_torch()
     try:
         found = importlib.util.find_spec("nvidia.dali") is not None
     except ModuleNotFoundError:  # no nvidia namespace package at all
         found = False
     if not found:
-        return f"NVIDIA DALI is not installed ({DALI_INSTALL})"
-    return None
+        pkg = want or DALI_DEFAULT
+        return (f"NVIDIA DALI is not installed (pip install {pkg}"
+                + (" (make install does, on Linux x86_64 and aarch64))" if pkg == DALI_DEFAULT else ")"))
+    have = dali_builds()
+    if want is None or not have or have == [want]:  # not from a known wheel (a source build, conda): trust it
+        return None
+    import torch
+
+    if want in have:
+        return (f"several NVIDIA DALI builds are installed ({', '.join(have)}) over one nvidia/dali folder; torch is "
+                f"built for CUDA {torch.version.cuda}: pip uninstall -y {' '.join(have)} && pip install {want}")
+    return (f"the installed NVIDIA DALI ({', '.join(have)}) is not built for torch's CUDA {torch.version.cuda}: "
+            f"pip uninstall -y {' '.join(have)} && pip install {want}")
 
 
 def build(loader: str, decode: str, data_dir: str, image_size: int, batch: int, workers: int, rank: int,

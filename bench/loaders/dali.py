@@ -1,10 +1,21 @@
 """The DALI loader: one pipeline per rank, read -> decode -> random-resized-crop -> flip + normalise.
 
-``fn.readers.file`` reads this rank's shard (``shard_id``/``num_shards``: contiguous, disjoint slices of one
-sorted file list that together cover it; each epoch the reader moves on to the next shard, and
-``random_shuffle`` shuffles within the shard). ``fn.decoders.image`` runs as ``mixed`` (nvJPEG on the GPU) with
-``--decode gpu`` and on the CPU otherwise; a CPU-only pipeline has ``device_id=None`` and never touches CUDA.
-Grayscale, CMYK and palette images come out RGB (``output_type=RGB``).
+``fn.readers.file`` reads this rank's shard (``shard_id``/``num_shards``: contiguous, disjoint slices of one file
+list that together cover it; each epoch the reader moves on to the next shard). Shuffling (``reader_kwargs``):
+the file list is the sorted one shuffled once with the run's seed, the same on every rank, so every shard holds
+every class from the first batch on; ``random_shuffle`` then draws each batch at random from a buffer of
+``initial_fill`` files, a different order every epoch. DALI's own shuffles alone do not do this: its
+``random_shuffle`` buffer is local (fn.readers.file's docstring: "The buffer shuffles the data only locally"), a
+window of ~1,000 files of one class in a class-sorted list, and ``shuffle_after_epoch`` leaves the first epoch
+in file order; a short run would train on a few classes per rank.
+
+``fn.decoders.image`` runs as ``mixed`` (nvJPEG on the GPU) with ``--decode gpu`` and on the CPU otherwise. With
+``--decode cpu`` and a CUDA device, decoding, cropping and normalising stay on the CPU and the pipeline's last
+step copies the batch to the rank's GPU (``.gpu()``): DALI stages it in its own pinned memory and copies
+asynchronously, where handing the iterator's CPU output (pageable ``torch.empty`` in
+nvidia/dali/plugin/pytorch/__init__.py, ``DALIGenericIterator``) to ``.to(device, non_blocking=True)`` would be
+a synchronous copy from pageable memory (torchvision's loader pins its batches). A CPU-only run has
+``device_id=None`` and never touches CUDA. Grayscale, CMYK and palette images come out RGB (``output_type=RGB``).
 
 Corrupt files: DALI's decoder stops the whole pipeline at the first file it cannot parse (it logs
 ``[ERROR] [jpeg_parser] ...`` to the run's log and raises). So the file list is pre-filtered: every file's header
@@ -15,6 +26,7 @@ The last batch of an epoch is filled from the next (DALI's ``LastBatchPolicy.FIL
 """
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -48,6 +60,35 @@ def prefilter(samples: list[tuple[str, int]], rank: int, world_size: int) -> tup
     return good, mine
 
 
+INITIAL_FILL = 1024  # DALI's default shuffle buffer (files), set on purpose and recorded
+
+
+def shuffled(files: list[str], seed: int) -> list[int]:
+    """The order the reader is given: the sorted list shuffled once with ``seed`` (the same on every rank, so the
+    shards stay disjoint and cover the set)."""
+    order = list(range(len(files)))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def reader_kwargs(files: list[str], rank: int, world_size: int, seed: int) -> dict:
+    """``fn.readers.file``'s arguments for this rank. The labels are the samples' indices in ``files`` (the class
+    comes from a lookup), so tests see which files a rank read."""
+    order = shuffled(files, seed)
+    return dict(files=[files[i] for i in order], labels=order, shard_id=rank, num_shards=world_size,
+                random_shuffle=True, initial_fill=INITIAL_FILL, seed=seed + 1000 * rank, pad_last_batch=True,
+                name="Reader")
+
+
+def pipeline_devices(decode: str, device) -> dict:
+    """Where each stage runs: ``device_id`` (None: the pipeline never touches CUDA), the decoder's device, and
+    whether the pipeline copies its CPU output to the GPU itself (``--decode cpu`` on a CUDA device)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    return {"device_id": (device.index or 0) if cuda else None, "decoder": "mixed" if decode == "gpu" else "cpu",
+            "to_gpu": cuda and decode == "cpu"}
+
+
 class DaliSource:
     """``epoch(n)``: this rank's batches as ``(images, targets, skipped)``, images on ``device``."""
 
@@ -63,24 +104,25 @@ class DaliSource:
         gpu = decode == "gpu"
         if gpu and device.type != "cuda":
             raise ConfigError("--decode gpu decodes on a CUDA device (DALI mixed); use --decode cpu")
-        # The reader's label is the sample's index (its class comes from a lookup): tests see which files a rank read
-        files, indices = [p for p, _ in samples], list(range(len(samples)))
         self.targets = torch.tensor([c for _, c in samples])
         self.last_indices: list[int] = []
+        where = pipeline_devices(decode, device)
+        kwargs = reader_kwargs([p for p, _ in samples], rank, world_size, seed)
+        self.info = {"shuffle": "file list shuffled once (seeded), then random_shuffle",
+                     "initial_fill": kwargs["initial_fill"], "decoder": where["decoder"],
+                     "copy_to_gpu": "dali" if where["to_gpu"] else None}
 
-        @pipeline_def(batch_size=batch, num_threads=max(1, threads), device_id=(device.index or 0) if gpu else None,
+        @pipeline_def(batch_size=batch, num_threads=max(1, threads), device_id=where["device_id"],
                       seed=seed + 1000 * rank)
         def pipeline():
-            jpegs, label = fn.readers.file(files=files, labels=indices, shard_id=rank, num_shards=world_size,
-                                           shuffle_after_epoch=True, seed=seed, pad_last_batch=True,
-                                           name="Reader")
-            images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+            jpegs, label = fn.readers.file(**kwargs)
+            images = fn.decoders.image(jpegs, device=where["decoder"], output_type=types.RGB)
             images = fn.random_resized_crop(images, size=(image_size, image_size), random_area=list(SCALE),
                                             random_aspect_ratio=list(RATIO))
             images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                               mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD],
                                               mirror=fn.random.coin_flip(probability=0.5))
-            return images, label
+            return (images.gpu() if where["to_gpu"] else images), label
 
         pipe = pipeline()
         pipe.build()

@@ -93,23 +93,40 @@ def cpu_transform(image_size: int):
     ])
 
 
+def decode_jpeg(data, device):
+    """nvJPEG through ``torchvision.io.decode_jpeg`` (a list decodes as one batch on CUDA), RGB out.
+
+    torchvision 0.29 deprecates all its image decoders in favour of TorchCodec (torchvision/io/image.py,
+    ``_DEPRECATION_MSG``). Its other decoder, ``decode_image``, is no successor here: it is deprecated too and has no
+    ``device`` argument (CPU only). TorchCodec is not a dependency of this suite, so decode_jpeg stays, and its
+    deprecation warning (raised on every call, torchvision/io/image.py ``_warn_deprecated``) is silenced here only."""
+    import warnings
+
+    from torchvision.io import ImageReadMode
+    import torchvision.io
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
+                                category=DeprecationWarning)
+        return torchvision.io.decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+
+
 def decode_and_augment(items: list, image_size: int, device) -> tuple[torch.Tensor, int]:
     """One batch on ``device``: nvJPEG decodes the encoded JPEGs in one call (``decode_jpeg`` on a list), then
     random-resized-crop, flip and normalise per image there. A JPEG the decoder refuses (truncated data past a
     good header) is replaced by another image of the batch and counted, so the batch stays full."""
-    from torchvision.io import ImageReadMode, decode_jpeg
     from torchvision.transforms import RandomResizedCrop
 
     encoded = [i for i, t in enumerate(items) if t.dim() == 1]
     images: list = [None if t.dim() == 1 else t.to(device, non_blocking=True) for t in items]
     if encoded:
         try:
-            decoded = decode_jpeg([items[i] for i in encoded], mode=ImageReadMode.RGB, device=device)
+            decoded = decode_jpeg([items[i] for i in encoded], device)
         except RuntimeError:  # one bad file fails the batched call: decode one by one to find it
             decoded = []
             for i in encoded:
                 try:
-                    decoded.append(decode_jpeg(items[i], mode=ImageReadMode.RGB, device=device))
+                    decoded.append(decode_jpeg(items[i], device))
                 except RuntimeError as e:
                     print(f"warning: skipping image the GPU decoder refused: {e}", file=sys.stderr, flush=True)
                     decoded.append(None)

@@ -1,6 +1,8 @@
 """The "Input bound" section: real-data runs whose ranks waited for input a large share of the timed windows,
 next to the same configuration on synthetic data (what the model alone does) and the loaders' ceilings measured by
-``bench loader --results`` (records in RESULTS/loader/), naming the faster loader where both were measured."""
+``bench loader --results`` (records in RESULTS/loader/), naming the faster loader where both were measured. Also "Real-data memory": on a GPU, DALI and nvJPEG allocate
+outside torch's caching allocator, so for real-data runs the allocator's peaks miss the loader's buffers and NVML's
+used memory is the figure that holds them."""
 from __future__ import annotations
 
 import json
@@ -54,8 +56,50 @@ def ceilings(loader_recs: list[dict], row: dict) -> dict:
             if x.get("status") == "ok" and x.get("node_img_s")}
 
 
+GiB = 1024 ** 3
+
+
+def memory_section(real: list[dict]) -> list[str]:
+    """Real-data GPU runs: torch's peak reserved next to NVML's used memory (max over the run's GPUs, median over
+    its ok runs), and what the difference holds."""
+    import numpy as np
+
+    table = []
+    for r in real:
+        if r["device_type"] != "cuda":
+            continue
+        reserved, nvml = [], []
+        for rec in (x for x in r["_recs"] if x["status"] == "ok"):
+            mem = rec.get("memory") or []
+            res = [m["peak_reserved_bytes"] for m in mem if m.get("peak_reserved_bytes") is not None]
+            used = [m["nvml_used_bytes"] for m in mem if m.get("nvml_used_bytes") is not None]
+            if res:
+                reserved.append(max(res))
+            if used:
+                nvml.append(max(used))
+        res = float(np.median(reserved)) if reserved else None
+        used = float(np.median(nvml)) if nvml else None
+        table.append([label(r), r["world_size"], f"{r['loader']} / decode {r['decode']}", fmt(res and res / GiB, "GiB", 2),
+                      fmt(used and used / GiB, "GiB", 2) or "not measured (no NVML)",
+                      f"{(used - res) / GiB:+.2f} GiB" if used is not None and res is not None else None])
+    if not table:
+        return []
+    return ["## Real-data memory", "",
+            ("DALI and nvJPEG allocate GPU memory outside torch's caching allocator (DALI's own pools; nvJPEG's "
+             "decode buffers), so for real-data runs *peak reserved* leaves the input pipeline out. NVML's used "
+             "memory (the whole GPU, every process, read after the timed windows) holds it: compare real-data runs "
+             "by *NVML used*. The difference also holds the CUDA context (several hundred MiB) and any other "
+             "process on the GPU."), "",
+            md_table(["backend", "GPUs", "loader", "peak reserved, max", "NVML used, max", "NVML − reserved"], table,
+                     {1, 3, 4, 5}), ""]
+
+
 def section(src: Path, rows: list[dict], warn) -> list[str]:
     real = [r for r in rows if r["runs_ok"] and r["data"] not in (None, "synthetic")]
+    return bound_section(src, rows, real, warn) + memory_section(real)
+
+
+def bound_section(src: Path, rows: list[dict], real: list[dict], warn) -> list[str]:
     bound = [(r, p) for r in real for p in [wait_pct(r["_recs"])] if p is not None and p >= THRESHOLD_PCT]
     if not bound:
         return []
