@@ -79,3 +79,32 @@ def test_external_local_rank_beyond_the_node_gpus_is_refused(gpus, monkeypatch):
         world()
     assert str(e.value) == ("OMPI_COMM_WORLD_LOCAL_RANK=2 but this node has 2 GPU(s): start at most one process "
                             "per GPU")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The per-run timeout grows with --compile and the world size (bench/launch.py default_timeout)
+
+def _cfg(world=1, compile=False, warmup=10, steps=10, windows=5):
+    from bench.config import RunConfig
+    return RunConfig(backend="ddp", launcher="torchrun", world_size=world, device_type="cuda", model="resnet50",
+                     image_size=224, batch_size=32, warmup=warmup, steps=steps, windows=windows,
+                     options={"compile": True} if compile else {})
+
+
+@pytest.mark.parametrize("world, compile, expected", [
+    (1, False, 180 + 5 * 60),                      # unchanged for one rank, eager
+    (1, True, 180 + 600 + 5 * 60),                 # --compile: a fixed 600 s allowance
+    (2, False, 180 + 2 + 20 + 5 * 60),             # 2 s per rank beyond the first, 20 s per doubling
+    (8, False, 180 + 14 + 60 + 5 * 60),
+    (64, True, 180 + 600 + 126 + 120 + 5 * 60),
+])
+def test_default_timeout_grows_with_compile_and_world_size(world, compile, expected):
+    from bench import launch
+    assert launch.default_timeout(_cfg(world, compile)) == expected
+
+
+def test_default_timeout_adds_the_rendezvous_wait_of_several_nodes():
+    from bench import launch
+    from bench.config import Nodes
+    nodes = Nodes(nnodes=2, node_rank=0, endpoint="h:1", rdzv_id="x", join_timeout=300, hosts=None, local_addr=None)
+    assert launch.default_timeout(_cfg(16), nodes) == 180 + 300 + 30 + 80 + 5 * 60
