@@ -108,3 +108,63 @@ def test_default_timeout_adds_the_rendezvous_wait_of_several_nodes():
     from bench.config import Nodes
     nodes = Nodes(nnodes=2, node_rank=0, endpoint="h:1", rdzv_id="x", join_timeout=300, hosts=None, local_addr=None)
     assert launch.default_timeout(_cfg(16), nodes) == 180 + 300 + 30 + 80 + 5 * 60
+
+
+# ---------------------------------------------------------------------------------------------------
+# Baseline names key on the GPU model and the sweep's largest world size (bench/baseline.py)
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _rec(world_size, device_type="cuda", gpu=H100, cpus=16):
+    return {"status": "ok", "device_type": device_type, "world_size": world_size,
+            "memory": [{"device_name": gpu}] * world_size if device_type == "cuda" else [],
+            "env": {"cpu_model": "Test CPU @ 3.00GHz", "cpu_count": cpus}}
+
+
+def test_baseline_name_from_records_keys_on_model_and_world_size():
+    from bench import baseline
+    eight = [_rec(n) for n in (1, 2, 4, 8)]
+    assert baseline.default_name(eight) == "NVIDIA-H100-80GB-HBM3-x8"
+    assert baseline.default_name(eight[:2]) == "NVIDIA-H100-80GB-HBM3-x2"
+    assert baseline.default_name([_rec(2, "cpu", cpus=4)]) == "CPU-Test-CPU-3.00GHz-4cores-x2"
+    with pytest.raises(baseline.BadInput) as e:
+        baseline.default_name([_rec(1, "cpu", cpus=4), _rec(1, "cpu", cpus=8)])
+    assert str(e.value) == "the records come from CPUs with 4, 8 cores; give --name"
+
+
+@pytest.fixture
+def six_h100(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 6)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: H100)
+
+
+def name(capsys, *argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["baseline", "name", *argv])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def test_machine_baseline_name_is_the_name_of_the_sweep_it_would_run(six_h100, capsys, tmp_path):
+    from bench import baseline
+    # GPUS=all on 6 GPUs sweeps 1, 2, 4, 6 (cli.world_sizes): the records of that sweep get the same name
+    sweep = cli.world_sizes(None, "all", "cuda", 6)
+    assert sweep == [1, 2, 4, 6] and baseline.default_name([_rec(n) for n in sweep]) == "NVIDIA-H100-80GB-HBM3-x6"
+    assert name(capsys, "--dir", str(tmp_path)) == (0, "NVIDIA-H100-80GB-HBM3-x6\n", "")
+    assert name(capsys, "--max-gpus", "2", "--dir", str(tmp_path)) == (0, "NVIDIA-H100-80GB-HBM3-x2\n", "")
+    assert name(capsys, "--gpus", "1,4", "--dir", str(tmp_path)) == (0, "NVIDIA-H100-80GB-HBM3-x4\n", "")
+    code, out, err = name(capsys, "--max-gpus", "8", "--dir", str(tmp_path))
+    assert (code, out, err) == (2, "", "bench: error: --gpus 8: this machine has 6 CUDA device(s)\n")
+
+
+def test_machine_baseline_name_still_reads_a_model_only_baseline(six_h100, capsys, tmp_path):
+    (tmp_path / "NVIDIA-H100-80GB-HBM3.json").write_text("{}")
+    code, out, err = name(capsys, "--dir", str(tmp_path))
+    assert (code, out) == (0, "NVIDIA-H100-80GB-HBM3\n")
+    assert err == (f"bench baseline name: using {tmp_path}/NVIDIA-H100-80GB-HBM3.json, named before the world size "
+                   "was part of the name; if it was recorded with this sweep, rename it to "
+                   "NVIDIA-H100-80GB-HBM3-x6.json\n")
+    (tmp_path / "NVIDIA-H100-80GB-HBM3-x6.json").write_text("{}")  # the new name wins once it exists
+    assert name(capsys, "--dir", str(tmp_path)) == (0, "NVIDIA-H100-80GB-HBM3-x6\n", "")
