@@ -146,3 +146,14 @@ def test_the_gpu_job_runs_the_check_before_the_gpu_tests():
     text = (REPO / ".github" / "workflows" / "gpu-regression.yml").read_text()
     check = text.index("scripts/expect_gpus.py")
     assert check < text.index('make test ARGS="-m gpu"') and check < text.index("make regress")
+
+
+def test_the_first_gpu_run_records_a_baseline_instead_of_failing():
+    text = (REPO / ".github" / "workflows" / "gpu-regression.yml").read_text()
+    regress = text[text.index("- name: make regress"):]
+    assert regress.split("\n")[1].strip() == "if: steps.have.outputs.found == 'true'"
+    first = text[text.index('- name: "First run on this hardware'):]
+    assert first.split("\n")[1].strip() == "if: steps.have.outputs.found != 'true'"
+    assert 'make baseline GPUS=all BASELINE="$NAME"' in first and "## baseline created, no comparison" in first
+    assert "uses: actions/cache/save@v4" in first and "uses: actions/cache/restore@v4" in text
+    assert "bench baseline name --max-gpus all" in text  # the same name `make baseline` gives the records
