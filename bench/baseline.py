@@ -23,14 +23,20 @@ def register(sub) -> None:
         description="Write the ok records from DIR as one baseline file, atomically. An existing baseline is "
                     "only replaced with --force: every later CI run is judged against it.")
     s.add_argument("--from", dest="source", required=True, metavar="DIR", help="results directory (or file) to take records from")
-    s.add_argument("--name", help="baseline name (default: the hardware of the records, e.g. NVIDIA-H100-80GB-HBM3)")
+    s.add_argument("--name", help="baseline name (default: the hardware and largest world size of the records, "
+                                  "e.g. NVIDIA-H100-80GB-HBM3-x8)")
     s.add_argument("--out-dir", default=BASELINE_DIR, help=f"where baselines live (default {BASELINE_DIR})")
     s.add_argument("--latest", action="store_true", help="keep only the latest ok run of each configuration")
     s.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
     s.set_defaults(func=cmd_baseline_save)
-    n = bsub.add_parser("name", help="print the default baseline name: the hardware of --from's records, or of "
-                                     "this machine (CUDA device 0, else the CPU model)")
+    n = bsub.add_parser("name", help="print the default baseline name: the hardware and the largest world size of "
+                                     "--from's records, or of the sweep bench run would do here (GPU model x count)")
     n.add_argument("--from", dest="source", metavar="DIR", help="derive the name from these records' hardware")
+    n.add_argument("--gpus", help="the world sizes the sweep will run, as bench run --gpus (default: --max-gpus)")
+    n.add_argument("--max-gpus", help="the sweep's largest world size, as bench run --max-gpus (default all)")
+    n.add_argument("--dir", default=BASELINE_DIR,
+                   help=f"where baselines live (default {BASELINE_DIR}): a baseline stored under the name of "
+                        "earlier versions (the GPU model only) is printed when no file has the new name")
     n.set_defaults(func=cmd_baseline_name)
 
 
@@ -40,28 +46,60 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "unknown"
 
 
+def name_for(hardware: str, world_size: int, cpus: int | None = None) -> str:
+    """What changes the numbers: the device model, the largest world size of the sweep (GPUS=all runs 1..8 on
+    an 8-GPU runner, 1..2 on a 2-GPU one; the same model's 1-GPU numbers also differ with its neighbours),
+    and on the CPU the core count (threads per rank = cores / ranks):
+    'NVIDIA H100 80GB HBM3', 8 -> 'NVIDIA-H100-80GB-HBM3-x8'; 'CPU: Xeon', 2, cpus=4 -> 'CPU-Xeon-4cores-x2'.
+    Baselines saved before the count was part of the name carry the model only (legacy_name)."""
+    cores = f"-{cpus}cores" if hardware.startswith("CPU") and cpus else ""
+    return f"{slug(hardware)}{cores}-x{world_size}"
+
+
 def default_name(recs: list[dict]) -> str:
     from bench import results
 
     hws = sorted({results.hardware(r) for r in recs})
     if len(hws) != 1:
         raise BadInput(f"the records come from {len(hws)} kinds of hardware ({'; '.join(hws)}); give --name")
-    return slug(hws[0])
+    cpus = sorted({(r.get("env") or {}).get("cpu_count") for r in recs} - {None})
+    if hws[0].startswith("CPU") and len(cpus) > 1:
+        raise BadInput(f"the records come from CPUs with {', '.join(map(str, cpus))} cores; give --name")
+    return name_for(hws[0], max(int(r.get("world_size") or 1) for r in recs), cpus[0] if cpus else None)
 
 
-def machine_name() -> str:
-    """The default baseline name for this machine: the model of CUDA device 0, or the CPU model without CUDA.
+def legacy_name(hardware: str) -> str:
+    """The name baselines had before the world size was part of it: the device model only."""
+    return slug(hardware)
+
+
+def machine_hardware() -> tuple[str, str, int]:
+    """(hardware, device type, devices present): the model of CUDA device 0, or the CPU model without CUDA.
 
     The GPU name comes from torch, as in the records' ``memory[].device_name`` that ``results.hardware``
     reads, so the name matches what ``bench run --device auto`` will record here.
     """
+    import os
+
     import torch
 
     from bench import results
 
     if torch.cuda.is_available():
-        return slug(torch.cuda.get_device_name(0))
-    return slug(f"CPU: {results._cpu_model() or 'unknown'}")
+        return torch.cuda.get_device_name(0), "cuda", torch.cuda.device_count()
+    return f"CPU: {results._cpu_model() or 'unknown'}", "cpu", os.cpu_count() or 1
+
+
+def machine_name(gpus: str | None = None, max_gpus: str | None = None) -> str:
+    """The default baseline name for this machine and the sweep ``bench run --gpus/--max-gpus`` would run here
+    (cli.world_sizes, the same rule), so it matches what ``bench baseline save`` names that sweep's records."""
+    import os
+
+    from bench import cli
+
+    hardware, device_type, present = machine_hardware()
+    top = max(cli.world_sizes(gpus, max_gpus, device_type, present))
+    return name_for(hardware, top, os.cpu_count() if device_type == "cpu" else None)
 
 
 def _check_name(name: str) -> str:
@@ -124,7 +162,10 @@ def cmd_baseline_save(args) -> int:
 
 
 def cmd_baseline_name(args) -> int:
+    import sys
+
     from bench import results
+    from bench.cli import UsageError
 
     try:
         if args.source:
@@ -134,8 +175,19 @@ def cmd_baseline_name(args) -> int:
             if not ok:
                 raise BadInput(f"--from {args.source!r}: no ok records to name a baseline after")
             print(default_name(ok))
-        else:
-            print(machine_name())
+            return 0
+        try:
+            name = machine_name(args.gpus, args.max_gpus)
+        except UsageError as e:
+            raise BadInput(str(e)) from None
+        old = legacy_name(machine_hardware()[0])
+        folder = Path(args.dir)
+        if not (folder / f"{name}.json").exists() and (folder / f"{old}.json").exists():
+            # Still readable: an earlier version named baselines after the GPU model only. Say how to move on.
+            print(f"bench baseline name: using {folder / old}.json, named before the world size was part of the "
+                  f"name; if it was recorded with this sweep, rename it to {name}.json", file=sys.stderr)
+            name = old
+        print(name)
     except BadInput as e:
         return _error(str(e))
     return 0

@@ -7,6 +7,7 @@ torchrun and DDP under torch.multiprocessing.spawn are one backend with two laun
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -70,11 +71,21 @@ def launched_by(cfg: RunConfig, nodes: Nodes | None) -> str:
     return {"inproc": "in process", "spawn": "torch.multiprocessing.spawn", "horovodrun": "horovodrun"}[cfg.launcher]
 
 
+COMPILE_ALLOWANCE_S = 600.0  # torch.compile in warm-up: every rank compiles at once on the node's CPUs, cold cache
+
+
 def default_timeout(cfg: RunConfig, nodes: Nodes | None = None) -> float:
     """Generous: start-up (imports, rendezvous, cuDNN autotune) plus a budget per step; several nodes add the
-    time the rendezvous may wait for them, so a node that never joins fails as a rendezvous timeout."""
+    time the rendezvous may wait for them, so a node that never joins fails as a rendezvous timeout.
+    It grows with what makes a healthy run slower to reach its first step: --compile adds a fixed allowance
+    (Inductor's compile of every rank's model, in warm-up), and the world size adds 2 s per rank beyond the
+    first (processes importing torch and creating CUDA contexts at once) plus 20 s per doubling (the
+    rendezvous and NCCL communicator set-up, whose rounds grow with log2 of the ranks)."""
     rendezvous = nodes.join_timeout if nodes is not None and nodes.nnodes > 1 else 0.0
-    return 180.0 + rendezvous + 5.0 * (cfg.warmup + cfg.steps * cfg.windows)
+    compile_s = COMPILE_ALLOWANCE_S if (cfg.options or {}).get("compile") else 0.0
+    ranks = max(1, cfg.world_size)
+    world_s = 2.0 * (ranks - 1) + 20.0 * math.ceil(math.log2(ranks))
+    return 180.0 + rendezvous + compile_s + world_s + 5.0 * (cfg.warmup + cfg.steps * cfg.windows)
 
 
 def threads_per_rank(cfg: RunConfig) -> int:

@@ -30,7 +30,8 @@ def add_arguments(r) -> None:
     g.add_argument("--hosts", help="horovodrun -H: host1:slots,host2:slots (Horovod runs start on node 0 only)")
     g.add_argument("--external", action="store_true",
                    help="run this process as one rank of a run started by another engine, which has set RANK, "
-                        "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (Kubeflow, Ray, Slurm srun)")
+                        "WORLD_SIZE, MASTER_ADDR, MASTER_PORT and a local rank (LOCAL_RANK, or srun's "
+                        "SLURM_LOCALID, Open MPI's OMPI_COMM_WORLD_LOCAL_RANK; Kubeflow, Ray, Slurm srun, mpirun)")
 
 
 def parse_nodes(args) -> Nodes | None:
@@ -83,7 +84,7 @@ def run_external(args, configs) -> int:
                          "ddp_amp_syncbn, fsdp2, ds_zero1/2/3, ddp_zero, allreduce_manual) at the world size the "
                          f"engine set; got {', '.join(f'{c.backend} x{c.world_size}' for c in configs)}")
     cfg = configs[0]
-    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")  # external_world (called by plan) exported the engine's values
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     rank = int(os.environ["RANK"])
     spec = {"config": cfg.to_dict(), "run_id": results.new_run_id(cfg.backend, cfg.world_size),
@@ -97,7 +98,9 @@ def run_external(args, configs) -> int:
 
 
 def external_world(args) -> tuple[int, int]:
-    """(world size, nodes) from the environment an external engine set; UsageError naming what is missing."""
+    """(world size, nodes) from the environment an external engine set; UsageError naming what is missing.
+    Also exports LOCAL_RANK and LOCAL_WORLD_SIZE, taken from the engine's own variables (local_rank_env), so
+    every backend's ``cuda:LOCAL_RANK`` is this process's own GPU."""
     from bench.cli import UsageError
 
     missing = [k for k in EXTERNAL_ENV if not os.environ.get(k)]
@@ -105,12 +108,76 @@ def external_world(args) -> tuple[int, int]:
         raise UsageError(f"--external needs {', '.join(EXTERNAL_ENV)} (and LOCAL_RANK) from the engine that started "
                          f"this process; missing: {', '.join(missing)}")
     try:
-        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        world = int(os.environ["WORLD_SIZE"])
     except ValueError:
-        raise UsageError(f"WORLD_SIZE {os.environ['WORLD_SIZE']!r} and LOCAL_WORLD_SIZE must be integers") from None
+        raise UsageError(f"WORLD_SIZE {os.environ['WORLD_SIZE']!r} must be an integer") from None
+    local_rank, local = local_rank_env(os.environ, _node_gpus(args))
     if world < 1 or local < 1 or world % local:
         raise UsageError(f"WORLD_SIZE {world} must be a positive multiple of LOCAL_WORLD_SIZE {local}")
+    os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(local_rank), str(local)
     return world, world // local
+
+
+# Where each engine puts a process's rank and process count on its own node, in the order they are read.
+# torchrun / Kubeflow / Ray set LOCAL_RANK; srun sets SLURM_LOCALID (and SLURM_NTASKS_PER_NODE only when
+# --ntasks-per-node was given, SLURM_TASKS_PER_NODE always); Open MPI's mpirun OMPI_COMM_WORLD_LOCAL_*;
+# MVAPICH2 MV2_COMM_WORLD_LOCAL_*; MPICH's and Intel MPI's Hydra MPI_LOCALRANKID / MPI_LOCALNRANKS.
+LOCAL_ENV = (("LOCAL_RANK", ("LOCAL_WORLD_SIZE",)),
+             ("SLURM_LOCALID", ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")),
+             ("OMPI_COMM_WORLD_LOCAL_RANK", ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+             ("MV2_COMM_WORLD_LOCAL_RANK", ("MV2_COMM_WORLD_LOCAL_SIZE",)),
+             ("MPI_LOCALRANKID", ("MPI_LOCALNRANKS",)))
+
+
+def local_rank_env(env, gpus: int) -> tuple[int, int]:
+    """(local rank, processes on this node) from the first engine variable set in ``env``. With none set, a
+    node of one GPU (or a CPU run, ``gpus`` 0) is rank 0 of 1; a node of several GPUs is refused: every rank
+    would otherwise train on cuda:0."""
+    from bench.cli import UsageError
+
+    for rank_var, size_vars in LOCAL_ENV:
+        if not env.get(rank_var):
+            continue
+        size_var = next((v for v in size_vars if env.get(v)), None)
+        try:
+            rank = int(env[rank_var])
+            size = _tasks_on_this_node(env, size_var) if size_var else max(1, rank + 1)
+        except ValueError:
+            raise UsageError(f"{rank_var}={env[rank_var]!r} / {size_var}={env.get(size_var)!r}: expected integers "
+                             "(the engine's local rank and processes per node)") from None
+        if not 0 <= rank < size:
+            raise UsageError(f"{rank_var}={rank} is not a local rank of {size} process(es) per node ({size_var})")
+        if gpus and rank >= gpus:
+            raise UsageError(f"{rank_var}={rank} but this node has {gpus} GPU(s): start at most one process per GPU")
+        return rank, size
+    if gpus > 1:
+        raise UsageError(f"--external on a node with {gpus} GPUs needs this process's local rank from its engine, "
+                         f"and none of {', '.join(v for v, _ in LOCAL_ENV)} is set (every rank would use cuda:0)")
+    return 0, 1
+
+
+def _tasks_on_this_node(env, var: str) -> int:
+    """SLURM_TASKS_PER_NODE is Slurm's compressed per-node list, '2(x3),1': this node's entry (SLURM_NODEID)."""
+    text = env[var]
+    if var != "SLURM_TASKS_PER_NODE":
+        return int(text)
+    counts = []
+    for part in text.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ValueError(text)
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    node = int(env.get("SLURM_NODEID") or 0)
+    return counts[node] if node < len(counts) else counts[-1]
+
+
+def _node_gpus(args) -> int:
+    """GPUs this process could pick from; 0 for a CPU run (its local rank picks no device)."""
+    if getattr(args, "device", None) == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 # ---------------------------------------------------------------------------------------------------

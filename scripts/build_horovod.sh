@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Build + install Horovod (PyTorch, Gloo; plus NCCL when a GPU is present) into a virtualenv.
+# Build + install Horovod (PyTorch, Gloo; plus NCCL when torch sees a GPU) into a virtualenv.
 # The built wheel is cached, keyed by horovod version + exact torch version + python tag +
-# cpu/gpu flavour, so a compile (~10 min on 2 cores) only happens when one of those changes.
+# cpu/gpu flavour (+ CUDA version and architecture list for a CUDA torch; scripts/cuda_toolkit.py key),
+# so a compile (~10 min on 2 cores) only happens when one of those changes.
+# A CUDA torch needs a CUDA toolkit of torch's CUDA version (Horovod's CMake always compiles its CUDA parts
+# then): CUDA_HOME if set, else a matching system toolkit, else one assembled from PyPI's compiler wheels
+# pinned to torch's nvidia-cuda-runtime version, in BENCH_CUDA_CACHE (scripts/cuda_toolkit.py ensure).
 # Usage: scripts/build_horovod.sh [VENV_DIR]          (default: <repo>/.venv)
 # Env:   HOROVOD_VERSION (0.28.1)   BENCH_WHEEL_CACHE (~/.cache/torch-parallel-bench/wheels)
 #        HOROVOD_SDIST (local sdist instead of PyPI)   HOROVOD_BUILD_CUDA_CC_LIST (75,80,90)
-#        CUDA_HOME (toolkit matching torch.version.cuda)   BUILD_JOBS (nproc)
+#        CUDA_HOME (a toolkit to use whatever its version)   BUILD_JOBS (nproc)
+#        BENCH_CUDA_CACHE (~/.cache/torch-parallel-bench/cuda: compiler wheels, ~280 MB per CUDA version)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,13 +39,18 @@ PROBE='import sys, torch
 try:
     import horovod, horovod.torch as hvd; have = horovod.__version__ if callable(hvd.init) else "none"
 except Exception: have = "none"
-print(torch.__version__, torch.version.cuda or "none", "cp%d%d" % sys.version_info[:2], have)'
+gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+print(torch.__version__, torch.version.cuda or "none", "cp%d%d" % sys.version_info[:2], have, gpus)'
 OUT="$("$PY" -c "$PROBE" 2>/dev/null | tail -n 1)" \
   || { "$PY" -c 'import torch' >&2; echo "build_horovod: FAILED: cannot import torch with $PY" >&2; exit 1; }
-read -r TORCH_VER TORCH_CUDA PYTAG HVD_HAVE <<<"$OUT"
-FLAVOUR=cpu   # gpu = CUDA torch + a visible GPU -> also build NCCL GPU ops
-if [[ "$TORCH_CUDA" != none ]] && timeout 20 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then FLAVOUR=gpu; fi
-KEY="horovod-${HVD_VER}_torch-${TORCH_VER}_${PYTAG}_${FLAVOUR}"
+read -r TORCH_VER TORCH_CUDA PYTAG HVD_HAVE NGPU <<<"$OUT"
+# gpu = CUDA torch that sees a GPU (torch, not nvidia-smi: a driver too old for torch's CUDA lists GPUs in
+# nvidia-smi while torch sees none) -> also build NCCL GPU ops and smoke-test them
+FLAVOUR=cpu; [[ "$TORCH_CUDA" != none && "${NGPU:-0}" -gt 0 ]] && FLAVOUR=gpu
+# Horovod's default is every arch nvcc knows (slow). T4/A100(+8.x)/H100, newer via PTX of 90.
+CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,90}"
+KEY="$("$PY" "$REPO/scripts/cuda_toolkit.py" key --horovod "$HVD_VER" --torch "$TORCH_VER" --pytag "$PYTAG" \
+        --flavour "$FLAVOUR" --cuda "$TORCH_CUDA" --cc "$CC_LIST")" || { echo "build_horovod: FAILED: cache key" >&2; exit 1; }
 
 if [[ "$HVD_HAVE" == "$HVD_VER" && -f "$STAMP" && "$(<"$STAMP")" == "$KEY" ]]; then
   echo "horovod $HVD_VER already built against torch $TORCH_VER"; exit 0
@@ -74,15 +84,15 @@ else
   export HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1  # unused
   export HOROVOD_CPU_OPERATIONS=GLOO      # CPU collectives through Gloo (no MPI)
   if [[ "$TORCH_CUDA" != none ]]; then
-    # A CUDA torch makes Horovod's CMake always compile its CUDA parts (even without a GPU),
-    # so it must find nvcc, cudart and the toolkit; prefer the toolkit matching torch's CUDA.
-    CUDA_HOME="${CUDA_HOME:-/usr/local/cuda-$TORCH_CUDA}"
-    [[ -x "$CUDA_HOME/bin/nvcc" ]] || CUDA_HOME=/usr/local/cuda
-    [[ -x "$CUDA_HOME/bin/nvcc" ]] || fail "torch is a CUDA $TORCH_CUDA build; set CUDA_HOME to a CUDA toolkit with nvcc"
+    # A CUDA torch makes Horovod's CMake always compile its CUDA parts (even without a GPU), so it must
+    # find nvcc, cudart and the toolkit of torch's CUDA version. A system toolkit of another version is
+    # skipped with a line saying so; with none matching, the compiler wheels are fetched (exact pins).
+    CUDA_HOME="$("$PY" "$REPO/scripts/cuda_toolkit.py" ensure --want "$TORCH_CUDA" \
+        --cache "${BENCH_CUDA_CACHE:-$HOME/.cache/torch-parallel-bench/cuda}" ${CUDA_HOME:+--cuda-home "$CUDA_HOME"} \
+        2> >(tee -a "$LOG" >&2))" || fail "no CUDA $TORCH_CUDA toolkit for torch's CUDA build (see the line above)"
+    echo "build_horovod: CUDA toolkit $CUDA_HOME" | tee -a "$LOG"
     export CUDA_HOME CUDACXX="$CUDA_HOME/bin/nvcc" CUDAToolkit_ROOT="$CUDA_HOME" HOROVOD_CUDA_HOME="$CUDA_HOME"
-    # Horovod's default is every arch nvcc knows (slow). T4/A100(+8.x)/H100, newer via PTX of 90.
-    # Note: the list is not part of the cache key.
-    export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,90}"
+    export HOROVOD_BUILD_CUDA_CC_LIST="$CC_LIST"   # part of the cache key
   fi
   if [[ "$FLAVOUR" == gpu ]]; then
     export HOROVOD_GPU_OPERATIONS=NCCL    # GPU collectives through NCCL
@@ -115,13 +125,20 @@ for f in "${NEED[@]}"; do
 done
 SMOKE='import torch, horovod.torch as hvd; hvd.init(); assert hvd.size() == 2, hvd.size()
 t = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum); assert t.item() == 3.0, t
-if torch.cuda.device_count() >= 2:
-    torch.cuda.set_device(hvd.local_rank()); g = hvd.allreduce(torch.ones(4, device="cuda"), op=hvd.Sum)
-    assert g.sum().item() == 8.0, g
 print("smoke ok: rank %d of %d, allreduce(sum) = %s" % (hvd.rank(), hvd.size(), t.item()))'
 echo "== horovodrun -np 2 smoke test" >>"$LOG"
 timeout 300 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo "$PY" -c "$SMOKE" 2>&1 | tee -a "$LOG" \
   || fail "2-process horovodrun --gloo smoke test$HINT"
+if [[ "$FLAVOUR" == gpu ]]; then  # NCCL on the GPU: one rank per GPU (NCCL refuses two ranks on one GPU)
+  NPG=$(( NGPU >= 2 ? 2 : 1 ))
+  GSMOKE='import torch, horovod.torch as hvd; hvd.init(); torch.cuda.set_device(hvd.local_rank())
+g = hvd.allreduce(torch.ones(4, device="cuda"), op=hvd.Sum); torch.cuda.synchronize()
+assert g.device.type == "cuda" and g.sum().item() == 4.0 * hvd.size(), g
+print("gpu smoke ok: rank %d of %d on cuda:%d" % (hvd.rank(), hvd.size(), torch.cuda.current_device()))'
+  echo "== horovodrun -np $NPG GPU smoke test" >>"$LOG"
+  timeout 300 "$VENV/bin/horovodrun" -np "$NPG" -H "localhost:$NPG" --gloo "$PY" -c "$GSMOKE" 2>&1 | tee -a "$LOG" \
+    || fail "$NPG-process horovodrun NCCL allreduce on the GPU$HINT"
+fi
 
 if [[ $BUILT == 1 ]]; then  # cache only a verified wheel; copy+rename so readers never see half a file
   { mkdir -p "$CACHE" && cp "$WHL" "$CACHE/.partial.whl" && mv "$CACHE/.partial.whl" "$CACHE/${WHL##*/}"; } \

@@ -405,7 +405,7 @@ def test_baseline_save_latest_and_default_name(tmp_path, capsys):
     new = record(windows(2), finished_at="2025-02-01T00:00:00+00:00")
     raw = write(tmp_path / "raw", old, new, record(windows(3), world_size=4))
     code, _, _ = save(capsys, "--from", raw, "--latest", "--out-dir", tmp_path / "b")
-    path = tmp_path / "b" / "NVIDIA-A100-SXM4-80GB.json"  # named after the GPU model
+    path = tmp_path / "b" / "NVIDIA-A100-SXM4-80GB-x4.json"  # named after the GPU model and largest world size
     assert code == 0 and path.exists()
     run_ids = {r["run_id"] for r in json.loads(path.read_text())["records"]}
     assert len(run_ids) == 2 and new["run_id"] in run_ids and old["run_id"] not in run_ids
@@ -425,7 +425,7 @@ def test_baseline_name_from_records(tmp_path, capsys):
     raw = write(tmp_path / "raw", record(windows(1), gpu=H100))
     with pytest.raises(SystemExit) as e:
         cli.main(["baseline", "name", "--from", str(raw)])
-    assert e.value.code == 0 and capsys.readouterr().out == "NVIDIA-H100-80GB-HBM3\n"
+    assert e.value.code == 0 and capsys.readouterr().out == "NVIDIA-H100-80GB-HBM3-x2\n"
     assert baseline.slug("CPU: Intel(R) Xeon(R) Processor @ 2.80GHz") == "CPU-Intel-R-Xeon-R-Processor-2.80GHz"
 
 
@@ -466,7 +466,7 @@ def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path, capsys):
         assert data["hardware"]["baseline"] == data["hardware"]["current"]
         assert data["hardware"]["current"][0][0] == "cpu"
     # `make regress` finds the baseline by this machine's name: it must be the name its records carry
-    here = bench("baseline", "name")
+    here = bench("baseline", "name", "--gpus", "1")  # the sweep RUN ran
     with pytest.raises(SystemExit) as e:
         cli.main(["baseline", "name", "--from", str(dirs[0])])
     assert here.returncode == 0 and e.value.code == 0, here.stderr
