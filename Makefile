@@ -23,7 +23,7 @@ DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA) --loader $(LOADER))
 # bench loader's flags (its image size and batch default to bench run's; pass the same ones as in ARGS)
 LOADER_ARGS ?= $(if $(filter-out all,$(GPUS)),--ranks $(GPUS))
 
-.PHONY: venv install horovod bench report test test-fast list clean regress baseline verify lock check-lock
+.PHONY: venv install horovod bench report test test-fast gpu-check list clean regress baseline verify lock check-lock
 
 # Does nothing when .venv already matches requirements.lock and TORCH; fails with one line when the lock is stale.
 venv:
@@ -60,7 +60,7 @@ install: venv horovod
 # the bus bandwidth the report and `bench predict` use.
 # With DATA, the same sweep also runs on synthetic data (the model alone) and `bench loader` measures every
 # loader's ceiling (no model), so the report's "Input bound" section can compare the three.
-COLLECTIVES_ARGS ?= --iters 5
+COLLECTIVES_ARGS ?=
 bench: install
 	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS); status=$$?; \
 	if [ -n "$(DATA)" ]; then \
@@ -92,8 +92,13 @@ test-fast: venv
 	BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs -m "not slow and not gpu" tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; fi; exit $$status
 
+# One command that proves a GPU machine (README: "Checking a GPU machine"): the gpu-marked tests, then every backend
+# at fp32, bf16 and fp16 with ResNet-50, one table; within 20 minutes on one GPU. Offline: add TORCH=system WHEELS=DIR.
+gpu-check: install
+	$(PY) -m bench doctor $(ARGS)
+
 # Regression gate (README: "Regression gate"). A fixed, short configuration on every device, compared with
-# results/baselines/<GPU model>.json (`bench baseline name` prints the name for this machine) or BASELINE=NAME.
+# results/baselines/<GPU model>-x<N>.json (`bench baseline name` prints the name for this machine) or BASELINE=NAME.
 # Exit status: the gate's when it fails (1: slower or more memory; 2: bad input, e.g. no baseline for this
 # GPU), else bench run's (1 when a run failed). Change REGRESS_ARGS only together with the baselines.
 # The run is the statistical unit: 3 interleaved runs of every configuration a side, 5 windows each.
@@ -102,7 +107,7 @@ BASELINE        ?=
 REGRESS_ARGS    ?= --backends single,dp,ddp,ddp_spawn,ddp_amp_syncbn --repeat 3 --warmup 10 --steps 10 --windows 5
 
 regress: install
-	@name='$(BASELINE)'; [ -n "$$name" ] || name=$$($(PY) -m bench baseline name) || exit 2; \
+	@name='$(BASELINE)'; [ -n "$$name" ] || name=$$($(PY) -m bench baseline name --max-gpus $(GPUS)) || exit 2; \
 	base=results/baselines/$$name.json; \
 	if [ ! -f "$$base" ]; then \
 	  echo "make regress: no baseline $$base; record one on this machine with: make baseline" >&2; exit 2; fi; \
@@ -111,7 +116,7 @@ regress: install
 	$(PY) -m bench compare "$$base" $(REGRESS_RESULTS) --out $(REPORT)/regress.md || status=$$?; \
 	exit $$status
 
-# Record (or, with FORCE=1, replace) the baseline for this machine's GPU model from a fresh run of the same
+# Record (or, with FORCE=1, replace) the baseline for this machine's GPU model and count from a fresh run of the same
 # configuration. Review the numbers, then commit results/baselines/<name>.json.
 baseline: install
 	rm -rf $(REGRESS_RESULTS)

@@ -42,7 +42,7 @@ fi
 PY="$VENV/bin/python"
 SELECTED="$VENV/.lock-selected.txt"
 "$PY" "$REPO/scripts/lockfile.py" select --mode "$TORCH" -o "$SELECTED"   # exit 1 when the lock is stale
-PIP=(-m pip install --disable-pip-version-check --no-deps)
+PIP=(-m pip install -q --disable-pip-version-check --no-deps)
 [[ -n "$WHEELS" ]] && PIP+=(--no-index --find-links "$WHEELS")
 [[ -s "$SELECTED" ]] && "$PY" "${PIP[@]}" --require-hashes -r "$SELECTED"
 "$PY" "${PIP[@]}" --no-build-isolation -e "$REPO"

@@ -7,7 +7,7 @@ import torch
 
 from backends import horovod as hvd_backend
 from backends.ddp_amp_syncbn import SYNCBN_CPU
-from tests.conftest import TINY, bench, records
+from tests.conftest import TINY, records, bench_inproc
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -21,7 +21,7 @@ def _horovod_or_skip():
 
 
 def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir):
-    proc = bench("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, *TINY, "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, *TINY, "--results", results_dir)
     assert proc.returncode == 0, proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "skipped" and rec["reason"] == SYNCBN_CPU
@@ -29,8 +29,9 @@ def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir):
     assert "SyncBatchNorm layers only work with GPU modules" in proc.stdout
 
 
+@pytest.mark.slow
 def test_ddp_bf16_autocast_runs_on_cpu(results_dir):
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--precision", "bf16", "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--precision", "bf16", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["precision"] == "bf16"
@@ -38,7 +39,7 @@ def test_ddp_bf16_autocast_runs_on_cpu(results_dir):
 
 
 def test_fp16_on_cpu_is_skipped_not_faked(results_dir):
-    proc = bench("run", "--backends", "single", "--gpus", 1, *TINY, "--precision", "fp16", "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "single", "--gpus", 1, *TINY, "--precision", "fp16", "--results", results_dir)
     assert proc.returncode == 0
     [rec] = records(results_dir)
     assert rec["status"] == "skipped"
@@ -50,10 +51,11 @@ def test_missing_horovod_is_a_clean_skip_reason(monkeypatch):
     assert hvd_backend.problem() == "horovod is not installed (make horovod)"
 
 
+@pytest.mark.slow
 @pytest.mark.horovod
 def test_horovod_two_gloo_ranks_identical_replicas(results_dir):
     _horovod_or_skip()
-    proc = bench("run", "--backends", "horovod", "--gpus", 2, *TINY, "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "horovod", "--gpus", 2, *TINY, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok", rec["reason"]
@@ -67,11 +69,12 @@ def test_horovod_two_gloo_ranks_identical_replicas(results_dir):
     assert "Gloo" in info["controllers"].split(", ") and "Gloo" in info["tensor_operations"].split(", ")
 
 
+@pytest.mark.slow
 @pytest.mark.horovod
 def test_horovod_fp16_compression_and_bf16_are_recorded(results_dir):
     _horovod_or_skip()
-    proc = bench("run", "--backends", "horovod", "--gpus", 2, *TINY, "--precision", "bf16",
-                 "--hvd-compression", "fp16", "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "horovod", "--gpus", 2, *TINY, "--precision", "bf16",
+                        "--hvd-compression", "fp16", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok", rec["reason"]
@@ -83,9 +86,9 @@ def test_horovod_fp16_compression_and_bf16_are_recorded(results_dir):
 @pytest.mark.gpu
 def test_amp_syncbn_bf16_on_one_gpu(results_dir):
     """bf16 autocast with SyncBatchNorm and no GradScaler (fp16 is covered by tests/test_gpu.py)."""
-    proc = bench("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
-                 "--image-size", 64, "--batch-size", 8, "--warmup", 2, "--steps", 3, "--windows", 3,
-                 "--precision", "bf16", "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
+                        "--image-size", 64, "--batch-size", 8, "--warmup", 2, "--steps", 3, "--windows", 3,
+                        "--precision", "bf16", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["precision"] == "bf16" and rec["device_type"] == "cuda"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench import maxbatch
-from tests.conftest import TINY, bench, cli_error, records
+from tests.conftest import TINY, cli_error, records, bench_inproc
 
 NEW = ("fsdp2", "ds_zero1", "ds_zero2", "ds_zero3", "ddp_zero", "allreduce_manual")
 
@@ -13,11 +13,12 @@ NEW = ("fsdp2", "ds_zero1", "ds_zero2", "ds_zero3", "ddp_zero", "allreduce_manua
 @pytest.fixture(scope="module")
 def new_backends(tmp_path_factory):
     raw = tmp_path_factory.mktemp("new") / "raw"
-    proc = bench("run", "--backends", ",".join(NEW), "--gpus", 2, *TINY, "--results", raw)
+    proc = bench_inproc("run", "--backends", ",".join(NEW), "--gpus", 2, *TINY, "--results", raw)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {r["backend"]: r for r in records(raw)}
 
 
+@pytest.mark.slow
 def test_new_backends_train_with_identical_full_replicas(new_backends):
     assert set(new_backends) == set(NEW)
     for name, rec in new_backends.items():
@@ -41,9 +42,10 @@ def test_new_backends_train_with_identical_full_replicas(new_backends):
     assert new_backends["ddp_zero"]["compute_only"]["keeps"].startswith("ZeroRedundancyOptimizer's broadcast")
 
 
+@pytest.mark.slow
 def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason(results_dir):
-    proc = bench("run", "--backends", "ddp,fsdp2", "--gpus", 2, *TINY, "--ddp-bucket-mb", 1, "--ddp-static-graph",
-                 "--ddp-grad-as-bucket-view", "--ddp-comm-hook", "fp16", "--channels-last", "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "ddp,fsdp2", "--gpus", 2, *TINY, "--ddp-bucket-mb", 1, "--ddp-static-graph",
+                        "--ddp-grad-as-bucket-view", "--ddp-comm-hook", "fp16", "--channels-last", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = {r["backend"]: r for r in records(results_dir)}
     ddp = recs["ddp"]
@@ -59,30 +61,32 @@ def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason(resu
                                        "--compile)")
 
 
+@pytest.mark.slow
 def test_find_unused_bf16_hook_and_horovod_knobs(results_dir):
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--ddp-find-unused", "--ddp-comm-hook", "bf16",
-                 "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--ddp-find-unused", "--ddp-comm-hook", "bf16",
+                        "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["backend_info"]["find_unused_parameters"] is True and rec["backend_info"]["comm_hook"] == "bf16"
     # PowerSGD needs NCCL: on CPU it is a skip with the reason, before anything is launched
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--warmup", 4, "--ddp-comm-hook", "powersgd",
-                 "--results", results_dir / "psgd")
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--warmup", 4, "--ddp-comm-hook", "powersgd",
+                        "--results", results_dir / "psgd")
     [rec] = records(results_dir / "psgd")
     assert rec["status"] == "skipped" and rec["reason"].startswith("the PowerSGD hook needs NCCL")
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--ddp-comm-hook", "powersgd",
-                 "--results", results_dir / "x")
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--ddp-comm-hook", "powersgd",
+                        "--results", results_dir / "x")
     assert proc.returncode == 2 and proc.stderr.startswith("bench: error: warmup 2 is too short for ddp: use at "
                                                            "least 4 (PowerSGD runs plain all-reduce")
 
 
+@pytest.mark.slow
 @pytest.mark.horovod
 def test_horovod_fusion_and_cycle_time_reach_horovod(results_dir):
     from tests.test_amp_horovod import _horovod_or_skip
 
     _horovod_or_skip()
-    proc = bench("run", "--backends", "horovod", "--gpus", 2, *TINY, "--hvd-fusion-mb", 1, "--hvd-cycle-ms", 2.5,
-                 "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "horovod", "--gpus", 2, *TINY, "--hvd-fusion-mb", 1, "--hvd-cycle-ms", 2.5,
+                        "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["options"] == {"compression": "none", "hvd_fusion_mb": 1.0, "hvd_cycle_ms": 2.5}
@@ -90,8 +94,9 @@ def test_horovod_fusion_and_cycle_time_reach_horovod(results_dir):
     assert (info["fusion_threshold_bytes"], info["cycle_time_ms"]) == (str(2 ** 20), "2.5")
 
 
+@pytest.mark.slow
 def test_compile_happens_in_warmup_and_its_time_is_its_own_field(results_dir):
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--warmup", 3, "--compile", "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--warmup", 3, "--compile", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["options"] == {"compile": True}
@@ -160,10 +165,11 @@ def test_max_batch_search_stops_on_a_failure_that_is_not_memory():
     assert row["max_batch"] is None and row["error"] == "rank 1 exited with code 13"
 
 
+@pytest.mark.slow
 def test_find_max_batch_on_cpu_with_a_heap_budget(tmp_path):
-    proc = bench("run", "--backends", "single", "--gpus", 1, "--device", "cpu", "--model", "resnet18",
-                 "--image-size", 64, "--batch-size", 16, "--find-max-batch", "--memory-limit-gib", 0.5,
-                 "--max-batch", 512, "--results", tmp_path)
+    proc = bench_inproc("run", "--backends", "single", "--gpus", 1, "--device", "cpu", "--model", "resnet18",
+                        "--image-size", 64, "--batch-size", 16, "--find-max-batch", "--memory-limit-gib", 0.5,
+                        "--max-batch", 512, "--results", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [summary] = (tmp_path / "maxbatch").glob("summary-*.json")
     [row] = json.loads(summary.read_text())["rows"]

@@ -147,6 +147,7 @@ def test_report_sections_for_communication_hardware_collectives_and_prediction(t
     assert (tmp_path / "rep" / "plots").glob("*comm-split.png")
 
 
+@pytest.mark.slow
 def test_collectives_over_gloo_and_horovod(tmp_path):
     proc = bench("collectives", "--gpus", 2, "--device", "cpu", "--max-bytes", "64K", "--iters", 2, "--warmup", 1,
                  "--results", tmp_path)

@@ -436,6 +436,7 @@ RUN = ["--backends", "single", "--gpus", "1", "--device", "cpu", "--model", "res
        "--batch-size", "4", "--warmup", "2", "--steps", "2", "--windows", "3", "--repeat", "2"]
 
 
+@pytest.mark.slow
 def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path, capsys):
     # The two runs execute at the same time, so whatever else loads this (shared, 2-core) machine slows both
     # alike; run one after the other, a neighbour starting between them can shift every window of the second.

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import REPO, TINY, bench, records
+from tests.conftest import REPO, TINY, records, bench_inproc
 
 
 def _leftovers(results_dir):
@@ -24,9 +24,10 @@ def _leftovers(results_dir):
     return out
 
 
+@pytest.mark.slow
 def test_rank_crash_fails_only_its_run(results_dir):
-    proc = bench("run", "--backends", "ddp,ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
-                 env={"BENCH_FAULT": "ddp/crash@rank1:step3"})
+    proc = bench_inproc("run", "--backends", "ddp,ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+                        env={"BENCH_FAULT": "ddp/crash@rank1:step3"})
     assert proc.returncode == 1  # something failed, and the sweep still finished
     recs = {r["backend"]: r for r in records(results_dir)}
     crashed = recs["ddp"]
@@ -37,18 +38,20 @@ def test_rank_crash_fails_only_its_run(results_dir):
     assert not _leftovers(results_dir)
 
 
+@pytest.mark.slow
 def test_spawned_rank_crash_names_the_rank(results_dir):
-    proc = bench("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
-                 env={"BENCH_FAULT": "crash@rank1:step2"})
+    proc = bench_inproc("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+                        env={"BENCH_FAULT": "crash@rank1:step2"})
     assert proc.returncode == 1
     [rec] = records(results_dir)
     assert rec["reason"].startswith("rank 1 terminated with exit code 13; spawn exit code 1")
 
 
+@pytest.mark.slow
 def test_hang_is_killed_at_the_timeout_and_leaves_nothing_behind(results_dir):
     t0 = time.monotonic()
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--timeout", 15, "--results", results_dir,
-                 env={"BENCH_FAULT": "hang@rank1"})
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--timeout", 15, "--results", results_dir,
+                        env={"BENCH_FAULT": "hang@rank1"})
     assert proc.returncode == 1
     assert time.monotonic() - t0 < 120
     [rec] = records(results_dir)
@@ -56,9 +59,10 @@ def test_hang_is_killed_at_the_timeout_and_leaves_nothing_behind(results_dir):
     assert not _leftovers(results_dir)
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_recorded_as_such(results_dir):
-    proc = bench("run", "--backends", "single,ddp", "--gpus", "1,2", *TINY, "--results", results_dir,
-                 env={"BENCH_FAULT": "ddp/oom@rank1:step2"})
+    proc = bench_inproc("run", "--backends", "single,ddp", "--gpus", "1,2", *TINY, "--results", results_dir,
+                        env={"BENCH_FAULT": "ddp/oom@rank1:step2"})
     assert proc.returncode == 1
     recs = {(r["backend"], r["world_size"]): r for r in records(results_dir)}
     assert recs[("single", 1)]["status"] == "ok" and recs[("ddp", 1)]["status"] == "ok"  # no rank 1 there
@@ -69,6 +73,7 @@ def test_out_of_memory_is_recorded_as_such(results_dir):
     assert not _leftovers(results_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_keeps_finished_records_and_kills_the_current_run(results_dir, sig):
     env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
@@ -93,13 +98,14 @@ def test_interrupt_keeps_finished_records_and_kills_the_current_run(results_dir,
     assert not _leftovers(results_dir)
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_retried(results_dir):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = bench("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
-                     env={"BENCH_MASTER_PORT": str(port)})
+        proc = bench_inproc("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+                            env={"BENCH_MASTER_PORT": str(port)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok"
@@ -107,12 +113,13 @@ def test_a_port_in_use_is_retried(results_dir):
     assert f"port {port} was in use; retrying" in log
 
 
+@pytest.mark.slow
 def test_a_port_retry_does_not_hide_the_real_failure(results_dir):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        proc = bench("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
-                     env={"BENCH_MASTER_PORT": str(busy.getsockname()[1]), "BENCH_FAULT": "crash@rank1:step2"})
+        proc = bench_inproc("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+                            env={"BENCH_MASTER_PORT": str(busy.getsockname()[1]), "BENCH_FAULT": "crash@rank1:step2"})
     assert proc.returncode == 1
     [rec] = records(results_dir)
     assert rec["reason"].startswith("rank 1 terminated with exit code 13; spawn exit code 1")

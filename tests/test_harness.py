@@ -6,7 +6,7 @@ import pytest
 from bench import results
 from bench.cli import world_sizes
 from bench.worker import build_record
-from tests.conftest import TINY, bench, cli_error, records
+from tests.conftest import TINY, bench, cli_error, records, bench_inproc
 
 
 def _only_record(directory):
@@ -61,6 +61,7 @@ def _assert_ok_record(rec, backend, launcher, world_size):
     assert env["cpu_count"] >= 1 and env["torch"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend,launcher", [("ddp", "torchrun"), ("ddp_spawn", "spawn")])
 def test_ddp_two_gloo_ranks_identical_replicas(results_dir, backend, launcher):
     proc = bench("run", "--backends", backend, "--gpus", 2, *TINY, "--results", results_dir)
@@ -71,17 +72,19 @@ def test_ddp_two_gloo_ranks_identical_replicas(results_dir, backend, launcher):
     assert rec["threads_per_rank"] >= 1
 
 
+@pytest.mark.slow
 def test_replica_check_fails_when_replicas_differ(results_dir):
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--results", results_dir,
-                 env={"BENCH_FAULT": "diverge@rank1"})
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--results", results_dir,
+                        env={"BENCH_FAULT": "diverge@rank1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the sweep fails, the record stays
     rec = _only_record(results_dir)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is False
     assert "replicas DIFFER" in proc.stdout
 
 
+@pytest.mark.slow
 def test_single_and_dp_on_cpu(results_dir):
-    proc = bench("run", "--backends", "single,dp", "--gpus", "1,2", *TINY, "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "single,dp", "--gpus", "1,2", *TINY, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "single runs on 1 device only" in proc.stderr
     recs = {(r["backend"], r["world_size"]): r for r in records(results_dir)}
@@ -97,6 +100,7 @@ def test_single_and_dp_on_cpu(results_dir):
         assert line in proc.stdout
 
 
+@pytest.mark.slow
 def test_list_names_every_backend_and_launcher():
     proc = bench("list", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
@@ -190,7 +194,7 @@ def test_bad_input_is_one_clear_line(results_dir, args, message, capsys):
 def test_unwritable_results_directory(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    proc = bench("run", "--backends", "single", "--gpus", 1, *TINY, "--results", blocker / "raw")
+    proc = bench_inproc("run", "--backends", "single", "--gpus", 1, *TINY, "--results", blocker / "raw")
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"bench: error: results directory '{blocker / 'raw'}' is not writable")
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from bench import data
-from tests.conftest import bench, cli_error, records
+from tests.conftest import bench, cli_error, records, bench_inproc
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
 SMALL = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "4", "--workers", "0",
@@ -30,9 +30,10 @@ def tree(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_single_and_ddp_train_on_the_folder(tree, results_dir):
-    proc = bench("run", "--backends", "single,ddp", "--gpus", "1,2", *SMALL, "--data", "imagenet",
-                 "--data-dir", tree, "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "single,ddp", "--gpus", "1,2", *SMALL, "--data", "imagenet",
+                        "--data-dir", tree, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = {(r["backend"], r["world_size"]): r for r in records(results_dir)}
     assert set(recs) == {("single", 1), ("ddp", 1), ("ddp", 2)}
@@ -78,6 +79,7 @@ def test_corrupt_image_is_replaced_and_counted(tree):
     assert ds[gray][0].shape[0] == 3 and ds[cmyk][0].shape[0] == 3  # converted to RGB
 
 
+@pytest.mark.slow
 def test_loader_command_measures_the_pipeline_alone(tree):
     proc = bench("loader", "--data-dir", tree, "--loaders", "torchvision", "--workers", 0, "--batch-size", 4,
                  "--image-size", 32, "--batches", 3)

@@ -77,6 +77,7 @@ def test_bad_install_switches_are_one_line(tmp_path):
     assert proc.returncode == 2 and "WHEELS=" in proc.stderr and "no such directory" in proc.stderr
 
 
+@pytest.mark.slow
 def test_torch_system_builds_on_the_interpreter_s_torch_and_runs(tmp_path):
     """An interpreter that already has torch (here the test's own environment, a venv: the harder case, whose
     torch a --system-site-packages venv does not see): the new environment imports that torch, installs none, and

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from bench import data, folders, loaders, report, results
-from tests.conftest import bench, cli_error, records
+from tests.conftest import cli_error, records, bench_inproc
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
 EMPTY, LINKED = "n09999999", "n05555555"
@@ -169,9 +169,10 @@ def test_flat_val_with_a_labels_file(tree, tmp_path, labels):
     assert len(ds) == 6 and ds[0][0].shape == (3, 32, 32) and ds[0][1] == classes.index(CLASSES[0])
 
 
+@pytest.mark.slow
 def test_dali_ddp_run_with_eval_on_flat_val_records_loader_empty_classes_and_skips(tree, results_dir):
-    proc = bench("run", "--backends", "ddp", "--gpus", 2, *SMALL, "--data", "imagenet", "--data-dir", tree,
-                 "--loader", "dali", "--eval", "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *SMALL, "--data", "imagenet", "--data-dir", tree,
+                        "--loader", "dali", "--eval", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (rec,) = records(results_dir)
     assert rec["status"] == "ok", rec["reason"]
@@ -186,8 +187,8 @@ def test_dali_ddp_run_with_eval_on_flat_val_records_loader_empty_classes_and_ski
 
 def test_loader_ceiling_for_every_loader_and_the_input_bound_report(tree, tmp_path, capsys):
     raw = tmp_path / "raw"
-    proc = bench("loader", "--data-dir", tree, "--workers", 0, "--batch-size", 4, "--image-size", 32, "--batches", 3,
-                 "--warmup-batches", 1, "--ranks", 2, "--results", raw)
+    proc = bench_inproc("loader", "--data-dir", tree, "--workers", 0, "--batch-size", 4, "--image-size", 32, "--batches", 3,
+                        "--warmup-batches", 1, "--ranks", 2, "--results", raw)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert [ln.split(":")[1].strip() for ln in lines[:4]] == ["torchvision decode cpu", "torchvision decode gpu",
@@ -274,10 +275,10 @@ def test_gpu_decode_batches_are_on_the_gpu_and_full(tree, name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("loader", loaders.LOADERS)
 def test_gpu_decode_run(tree, results_dir, loader):
-    proc = bench("run", "--backends", "single", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
-                 "--image-size", "32", "--batch-size", "4", "--workers", "1", "--warmup", "2", "--steps", "2",
-                 "--windows", "2", "--data", "imagenet", "--data-dir", tree, "--loader", loader, "--decode", "gpu",
-                 "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "single", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
+                        "--image-size", "32", "--batch-size", "4", "--workers", "1", "--warmup", "2", "--steps", "2",
+                        "--windows", "2", "--data", "imagenet", "--data-dir", tree, "--loader", loader, "--decode", "gpu",
+                        "--results", results_dir)
     assert proc.returncode == 0, proc.stderr
     (rec,) = records(results_dir)
     assert rec["status"] == "ok" and (rec["loader"], rec["decode"]) == (loader, "gpu")

@@ -3,13 +3,15 @@ that reaches steady state, GradScaler skips, runs as the statistical unit, match
 loader workers and reshuffled shards. Each test fails without the piece it names."""
 import threading
 
+import pytest
 import torch
 
 from bench import cli, data
 from bench.config import RunConfig
 from bench.faults import BLOAT_BYTES
 from bench.worker import skips
-from tests.conftest import TINY, bench, records
+
+from tests.conftest import TINY, records, bench_inproc
 
 MiB = 2 ** 20
 
@@ -41,10 +43,11 @@ def test_dataparallel_replicas_run_the_recorded_dtype_in_their_own_threads():
     assert not any(n.startswith("module.") for n, _ in dp.module.named_parameters())
 
 
+@pytest.mark.slow
 def test_peaks_are_the_timed_windows_and_warmup_keeps_its_own(results_dir):
     # 256 MiB held through the last warm-up step: a one-time peak like cuDNN's search workspace
-    proc = bench("run", "--backends", "single", "--gpus", 1, *TINY, "--results", results_dir,
-                 env={"BENCH_FAULT": "bloat@rank0:step2"})
+    proc = bench_inproc("run", "--backends", "single", "--gpus", 1, *TINY, "--results", results_dir,
+                        env={"BENCH_FAULT": "bloat@rank0:step2"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     [timed], [warm] = rec["host_peak_rss_bytes"], rec["warmup_host_peak_rss_bytes"]
@@ -67,11 +70,12 @@ def test_gradscaler_skips_are_counted_from_the_scale():
     assert skips(None, 1.0) is None
 
 
+@pytest.mark.slow
 def test_repeats_run_interleaved_and_resume_counts_repetitions(results_dir):
-    first = bench("run", "--backends", "single,dp", "--gpus", 1, *TINY, "--results", results_dir)
+    first = bench_inproc("run", "--backends", "single,dp", "--gpus", 1, *TINY, "--results", results_dir)
     assert first.returncode == 0, first.stdout + first.stderr
-    again = bench("run", "--backends", "single,dp", "--gpus", 1, *TINY, "--repeat", 2, "--resume",
-                  "--results", results_dir)
+    again = bench_inproc("run", "--backends", "single,dp", "--gpus", 1, *TINY, "--repeat", 2, "--resume",
+                         "--results", results_dir)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resume: 2 of 4 runs already have an ok record" in again.stderr
     lines = [ln for ln in again.stdout.splitlines() if ln.startswith("[")]

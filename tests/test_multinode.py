@@ -34,6 +34,7 @@ def finish(proc, timeout=900):
     return proc.returncode, out, err
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine_give_one_record_per_run(tmp_path):
     """Each node has its own results directory, as two machines without shared storage would: the record is on
     whichever node global rank 0 landed, and nowhere else."""
@@ -55,6 +56,7 @@ def test_two_nodes_on_one_machine_give_one_record_per_run(tmp_path):
     assert not _leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_node_that_never_starts_fails_the_run_at_the_rendezvous_timeout(tmp_path):
     results = tmp_path / "node0"
     rc, out, err = finish(start_node(0, free_port(), results, "--backends", "ddp", *TINY, timeout=10))
@@ -66,6 +68,7 @@ def test_a_node_that_never_starts_fails_the_run_at_the_rendezvous_timeout(tmp_pa
     assert not _leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_node_with_another_config_is_refused_with_one_line(tmp_path):
     port = free_port()
     base = list(TINY)
@@ -84,6 +87,7 @@ def test_a_node_with_another_config_is_refused_with_one_line(tmp_path):
     assert not _leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_external_launcher_entry_with_the_environment_set_by_hand(tmp_path):
     """What Kubeflow's PyTorchJob or Ray set for each process; here two processes on this machine."""
     results, port = tmp_path / "raw", free_port()
@@ -128,6 +132,7 @@ def test_bad_node_arguments_are_one_line(tmp_path, args, message, capsys):
     assert code == 2 and err.strip() == f"bench: error: {message}"
 
 
+@pytest.mark.slow
 def test_nodelist_expands_slurm_host_lists():
     proc = bench("nodelist", "gpu[01-03,10],login1,rack[1-2]-n[7-8]", check=True)
     assert proc.stdout.split() == ["gpu01", "gpu02", "gpu03", "gpu10", "login1", "rack1-n7", "rack1-n8", "rack2-n7",
@@ -138,6 +143,7 @@ def test_nodelist_expands_slurm_host_lists():
 SBATCH = REPO / "scripts" / "slurm" / "bench.sbatch"
 
 
+@pytest.mark.slow
 def test_slurm_script_builds_the_srun_command_for_an_allocation(tmp_path):
     env = {**os.environ, "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "42",
            "SLURM_SUBMIT_DIR": str(REPO), "GPUS": "4", "BACKENDS": "ddp,fsdp2", "PYTHON": sys.executable,

@@ -87,6 +87,7 @@ FULL_SWEEP = [("single", 1, 100.0), ("dp", 1, 95.0), ("dp", 2, 150.0), ("dp", 4,
               ("ddp", 1, 98.0), ("ddp", 2, 180.0), ("ddp", 4, 360.0)]
 
 
+@pytest.mark.slow
 def test_full_sweep_through_the_cli(tmp_path):
     recs = [make(b, n, t) for b, n, t in FULL_SWEEP]
     recs[3] = make("dp", 4, 240.0, reserved=[20 * GiB, 12 * GiB, 12 * GiB, 12 * GiB])  # DataParallel's GPU 0

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench.evaluate import exact_shard
-from tests.conftest import bench, cli_error
+from tests.conftest import bench, cli_error, bench_inproc
 
 # Small and quick: what matters is that the arithmetic is compared, not how long it trains.
 QUICK = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--steps", "6",
@@ -17,6 +17,7 @@ def _summary(results):
     return {(r["backend"], r["world_size"]): r for r in json.loads(path.read_text())["rows"]}
 
 
+@pytest.mark.slow
 @pytest.mark.horovod
 def test_distributed_backends_match_the_reference_bit_for_bit(tmp_path):
     from tests.test_amp_horovod import _horovod_or_skip
@@ -37,9 +38,10 @@ def test_distributed_backends_match_the_reference_bit_for_bit(tmp_path):
     assert not list((tmp_path / "verify" / "params").glob("*.npz"))  # parameters are deleted after comparing
 
 
+@pytest.mark.slow
 def test_injected_faults_fail_verify_naming_the_backend_and_the_deviation(tmp_path):
-    proc = bench("verify", "--backends", "ddp,ddp_spawn", "--gpus", 2, *QUICK, "--results", tmp_path,
-                 env={"BENCH_FAULT": "ddp/grad-scale@rank1,ddp_spawn/wrong-shard@rank1"})
+    proc = bench_inproc("verify", "--backends", "ddp,ddp_spawn", "--gpus", 2, *QUICK, "--results", tmp_path,
+                        env={"BENCH_FAULT": "ddp/grad-scale@rank1,ddp_spawn/wrong-shard@rank1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("verify: FAIL")]
     assert len(lines) == 2, proc.stderr
@@ -70,13 +72,14 @@ def test_exact_shards_count_every_sample_once(size, world):
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
 
 
+@pytest.mark.slow
 def test_run_eval_records_exact_counts_inproc_and_distributed(results_dir):
     from tests.conftest import TINY, records
 
     # fsdp2 all-gathers parameters in every forward: 37 samples over 2 ranks is 10 batches on one rank and 9
     # on the other unless the padded batch runs masked; without that the run hangs until --timeout
-    proc = bench("run", "--backends", "single,fsdp2", "--gpus", "1,2", *TINY, "--eval", "--eval-samples", 37,
-                 "--timeout", 120, "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "single,fsdp2", "--gpus", "1,2", *TINY, "--eval", "--eval-samples", 37,
+                        "--timeout", 120, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = {(r["backend"], r["world_size"]): r for r in records(results_dir)}
     assert set(recs) == {("single", 1), ("fsdp2", 1), ("fsdp2", 2)}
@@ -85,6 +88,7 @@ def test_run_eval_records_exact_counts_inproc_and_distributed(results_dir):
         assert rec["eval_loss"] > 0 and 0 <= rec["eval_accuracy"] <= 1 and rec["eval_throughput"] > 0
 
 
+@pytest.mark.slow
 def test_deepspeed_half_precision_trains_evaluates_and_verify_says_why_it_has_no_reference(results_dir, capsys):
     """DeepSpeed 0.19 casts parameters to bf16 but keeps BatchNorm's running statistics fp32, which BatchNorm
     refuses: every fp16/bf16 run failed until the backend gave the statistics their layer's dtype; evaluation
@@ -93,8 +97,8 @@ def test_deepspeed_half_precision_trains_evaluates_and_verify_says_why_it_has_no
     from bench.cli import build_parser
     from tests.conftest import TINY, records
 
-    proc = bench("run", "--backends", "ds_zero3", "--gpus", 2, *TINY, "--precision", "bf16", "--eval",
-                 "--eval-samples", 9, "--ds-bucket-mb", 1, "--results", results_dir)
+    proc = bench_inproc("run", "--backends", "ds_zero3", "--gpus", 2, *TINY, "--precision", "bf16", "--eval",
+                        "--eval-samples", 9, "--ds-bucket-mb", 1, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["eval_samples"] == 9
