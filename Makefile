@@ -23,7 +23,7 @@ DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA) --loader $(LOADER))
 # bench loader's flags (its image size and batch default to bench run's; pass the same ones as in ARGS)
 LOADER_ARGS ?= $(if $(filter-out all,$(GPUS)),--ranks $(GPUS))
 
-.PHONY: venv install horovod bench report test test-fast gpu-check list clean regress baseline verify lock check-lock
+.PHONY: venv install horovod bench report test test-fast gpu-check list clean regress baseline verify lock check-lock wheels
 
 # Does nothing when .venv already matches requirements.lock and TORCH; fails with one line when the lock is stale.
 venv:
@@ -45,6 +45,15 @@ lock:
 
 check-lock:
 	@$(PYTHON) scripts/lockfile.py check && echo "requirements.lock matches pyproject.toml"
+
+# Where pip works: download the locked files another machine will need into WHEELS (hash-checked), for its Python
+# (WHEELS_PYTHON) and only the packages it lacks (WHEELS_ONLY; default every one). There: make ... WHEELS=DIR.
+WHEELS_PYTHON ?=
+WHEELS_ONLY   ?=
+wheels: venv
+	@[ -n "$(WHEELS)" ] || { echo "make wheels: say where, e.g. WHEELS=.whl" >&2; exit 2; }
+	$(PY) scripts/lockfile.py wheels -d $(WHEELS) $(if $(WHEELS_PYTHON),--python-version $(WHEELS_PYTHON)) \
+	  $(if $(WHEELS_ONLY),--only $(WHEELS_ONLY))
 
 # Horovod is an sdist compiled against the installed torch; scripts/build_horovod.sh caches the wheel and
 # does nothing when the build is already current. A failed build does not stop the rest of the suite:

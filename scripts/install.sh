@@ -41,7 +41,7 @@ fi
 
 PY="$VENV/bin/python"
 SELECTED="$VENV/.lock-selected.txt"
-"$PY" "$REPO/scripts/lockfile.py" select --mode "$TORCH" -o "$SELECTED"   # exit 1 when the lock is stale
+"$PY" "$REPO/scripts/lockfile.py" select --mode "$TORCH" -o "$SELECTED" ${WHEELS:+--wheels "$WHEELS"}  # exit 1: stale lock
 PIP=(-m pip install -q --disable-pip-version-check --no-deps)
 [[ -n "$WHEELS" ]] && PIP+=(--no-index --find-links "$WHEELS")
 [[ -s "$SELECTED" ]] && "$PY" "${PIP[@]}" --require-hashes -r "$SELECTED"

@@ -6,6 +6,9 @@ pinned to one version with its hashes, for Linux and macOS on Python 3.11+ (uv's
     python scripts/lockfile.py select --mode M -o F   write to F the entries this interpreter installs (M: locked or
                                                       system, where torch, its runtime and whatever the interpreter
                                                       already has are left as they are)
+    python scripts/lockfile.py wheels -d DIR --python-version 3.12 [--only NAME ...]
+                                                      download the locked files (hash-checked) for another machine's
+                                                      Python, for an install there with no package registry
 
 `make lock` makes the lock with uv (`uv pip compile --universal --generate-hashes`) and writes the fingerprint into
 its first line; `check` compares that line with pyproject.toml, so a dependency changed without a new lock fails
@@ -54,6 +57,16 @@ def fingerprint(pyproject: Path = PYPROJECT) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
+def _target(python_version: str | None) -> dict | None:
+    """A marker environment for another Python (same OS and machine as this one), or None for this interpreter."""
+    if not python_version:
+        return None
+    from platform import python_implementation  # noqa: F401 (markers of other keys keep this machine's values)
+
+    full = python_version if python_version.count(".") >= 2 else python_version + ".0"
+    return {"python_version": ".".join(full.split(".")[:2]), "python_full_version": full}
+
+
 class Entry:
     def __init__(self, line: str):
         req, _, marker = line.partition(";")
@@ -63,8 +76,8 @@ class Entry:
         self.hashes: list[str] = []
         self.via: set[str] = set()
 
-    def applies(self) -> bool:
-        return self.marker is None or self.marker.evaluate()
+    def applies(self, environment: dict | None = None) -> bool:
+        return self.marker is None or self.marker.evaluate(environment)
 
     def text(self) -> str:
         return " \\\n".join([f"{self.name}=={self.version}", *(f"    --hash={h}" for h in self.hashes)])
@@ -137,20 +150,47 @@ def installed(name: str) -> bool:
         return False
 
 
-def select(mode: str, lock: Path = LOCK) -> tuple[list[Entry], list[str]]:
-    """The entries to install into this interpreter, and what was left to the interpreter (system mode)."""
+def select(mode: str, lock: Path = LOCK, wheels: Path | None = None) -> tuple[list[Entry], list[str], list[str]]:
+    """The entries to install into this interpreter; what was left to the interpreter (system mode); and, in system
+    mode with a folder of wheels, the missing packages that folder has no file for (installed without them: the
+    backend or loader that needs one is then skipped with the reason, as on any machine without it)."""
     _, entries = parse(lock)
     entries = [e for e in entries if e.applies()]
     if mode == "locked":
-        return entries, []
+        return entries, [], []
     closure = torch_closure(entries)
-    keep, left = [], []
+    keep, left, absent = [], [], []
+    have = {canonicalize_name(re.split(r"-\d", f.name, maxsplit=1)[0]) for f in wheels.iterdir()} if wheels else None
     for e in entries:
         if e.key in closure or (installed(e.name) and e.key not in BUILD_TOOLS):
             left.append(e.name)
+        elif have is not None and e.key not in have:
+            absent.append(e.name)
         else:
             keep.append(e)
-    return keep, left
+    return keep, left, absent
+
+
+def download(directory: Path, python_version: str | None, only: list[str] | None, lock: Path = LOCK) -> int:
+    """``pip download`` the locked files of the entries for ``python_version`` (all, or ``only`` these names),
+    hash-checked, with no dependencies beyond the lock's own pins."""
+    import subprocess
+    import tempfile
+
+    _, entries = parse(lock)
+    env = _target(python_version)
+    chosen = [e for e in entries if e.applies(env) and (not only or e.key in {canonicalize_name(n) for n in only})]
+    unknown = sorted({canonicalize_name(n) for n in only or []} - {e.key for e in chosen})
+    if unknown:
+        print(f"lockfile: not in {lock.name} for Python {python_version or 'here'}: {', '.join(unknown)}",
+              file=sys.stderr)
+        return 2
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("".join(e.text() + "\n" for e in chosen))
+    target = ["--python-version", env["python_version"]] if env else []
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes", "-r", f.name,
+           "-d", str(directory), *target]
+    return subprocess.call(cmd)
 
 
 def main(argv=None) -> int:
@@ -161,6 +201,11 @@ def main(argv=None) -> int:
     s = sub.add_parser("select")
     s.add_argument("--mode", required=True, choices=("locked", "system"))
     s.add_argument("-o", "--out", required=True)
+    s.add_argument("--wheels", help="system mode: leave out the packages this folder has no file for")
+    w = sub.add_parser("wheels")
+    w.add_argument("-d", "--dir", required=True)
+    w.add_argument("--python-version", help="the other machine's Python, e.g. 3.12 (default: this one's)")
+    w.add_argument("--only", nargs="*", help="just these packages (default: every one the lock has for it)")
     args = p.parse_args(argv)
     if args.cmd == "fingerprint":
         print(fingerprint())
@@ -169,12 +214,16 @@ def main(argv=None) -> int:
     if why:
         print(f"lockfile: {why}", file=sys.stderr)
         return 1
-    if args.cmd == "select":
-        keep, left = select(args.mode)
-        Path(args.out).write_text("".join(e.text() + "\n" for e in keep))
-        if left:
-            print(f"lockfile: TORCH=system: keeping the interpreter's torch and {len(left) - 1} more packages it "
-                  f"already has; {len(keep)} to install from the lock", file=sys.stderr)
+    if args.cmd == "wheels":
+        return download(Path(args.dir), args.python_version, args.only)
+    keep, left, absent = select(args.mode, wheels=Path(args.wheels) if args.wheels else None)
+    Path(args.out).write_text("".join(e.text() + "\n" for e in keep))
+    if left:
+        print(f"lockfile: TORCH=system: keeping the interpreter's torch and {len(left) - 1} more packages it "
+              f"already has; {len(keep)} to install from the lock", file=sys.stderr)
+    if absent:
+        print(f"lockfile: no file in {args.wheels} for {', '.join(absent)}: installing without them (what needs "
+              "them is skipped with the reason)", file=sys.stderr)
     return 0
 
 

@@ -103,3 +103,14 @@ def test_torch_system_builds_on_the_interpreter_s_torch_and_runs(tmp_path):
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["env"]["torch_source"] == "system"
     assert rec["env"]["torch"] == torch.__version__
+
+
+def test_torch_system_with_a_wheel_folder_installs_what_it_has_and_names_what_it_lacks(tmp_path):
+    """The test's interpreter has every locked package, so TORCH=system only needs the build tools (always the
+    locked ones); a folder holding one of them gets that one installed and the other named as absent."""
+    (tmp_path / "wheel-0.48.0-py3-none-any.whl").write_bytes(b"")
+    keep, left, absent = lockfile.select("system", wheels=tmp_path)
+    assert [e.key for e in keep] == ["wheel"] and absent == ["setuptools"]
+    assert "torch" in left and "numpy" in left
+    keep, _, absent = lockfile.select("system")
+    assert sorted(e.key for e in keep) == ["setuptools", "wheel"] and absent == []
