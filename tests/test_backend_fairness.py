@@ -182,6 +182,24 @@ def test_fsdp2_fp16_on_two_gpus_measures_compute_only(results_dir):
     assert rec["replicas_consistent"] is True
 
 
+@two_gpus
+@pytest.mark.gpu
+def test_deepspeed_fp16_on_two_gpus_reduces_in_fp32_and_counts_its_skips(results_dir):
+    proc = bench("run", "--backends", "ds_zero1,ds_zero2,ds_zero3", "--gpus", 2, "--device", "cuda", "--model",
+                 "resnet18", "--image-size", "64", "--batch-size", "16", "--warmup", "3", "--steps", "3",
+                 "--windows", "3", "--precision", "fp16", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {r["backend"]: r for r in records(results_dir)}
+    for stage in (1, 2, 3):
+        rec = recs[f"ds_zero{stage}"]
+        assert rec["status"] == "ok", rec["reason"]
+        info = rec["backend_info"]
+        assert (info["grad_reduce_dtype"], info["overlap_comm"], info["throughput_timer"]) == ("float32", True, "off")
+        assert info["grad_norm"] == ("computed" if stage == 3 else "skipped")
+        assert len(rec["skipped_steps"]) == 3 and all(isinstance(n, int) and n >= 0 for n in rec["skipped_steps"])
+        assert rec["replicas_consistent"] is True
+
+
 # -- item 16 and --compile: FSDP2's groups ----------------------------------------------------------------------------
 
 def test_fsdp2_old_torch_groups_each_blocks_norms_together(two_ranks):
