@@ -18,7 +18,7 @@ import backends
 from backends import fsdp2 as fsdp2_module
 from bench import worker
 from bench.config import RunConfig
-from tests.conftest import TINY, bench, records
+from tests.conftest import bench, records
 
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 
