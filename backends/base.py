@@ -16,6 +16,9 @@ AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SGD = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 # Knobs every backend honours unless it says otherwise (``knobs``); the others are the backends' own.
 COMMON_KNOBS = frozenset({"channels_last", "compile"})
+# The knobs that compress the gradient reduction (DDP's comm hook, Horovod's compression) and their dtypes.
+COMPRESSION_KNOBS = ("ddp_comm_hook", "compression")
+HALF_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 class Backend:
@@ -115,9 +118,31 @@ class Backend:
         calls it only outside the timed region."""
         return float(self.scaler.get_scale()) if getattr(self, "scaler", None) is not None else None
 
+    def skipped_steps(self) -> int | None:
+        """How many optimizer steps this backend has skipped so far (cumulative), when it counts them itself;
+        None, and the harness infers skips from the loss scale (``loss_scale``). A backend whose scaler does not
+        halve the scale on every overflow (DeepSpeed's hysteresis) must count here."""
+        return None
+
+    def grad_reduce_dtype(self) -> str | None:
+        """The dtype gradients cross the wire in. The rule for every backend: fp32 (the parameters' dtype under
+        autocast, FSDP2's reduce_dtype, DeepSpeed's communication_data_type) unless a knob asks for compression
+        (``--ddp-comm-hook fp16/bf16``, ``--hvd-compression fp16``)."""
+        options = getattr(self, "options", None) or {}
+        for knob in COMPRESSION_KNOBS:
+            if options.get(knob) in HALF_NAMES:
+                return HALF_NAMES[options[knob]]
+        if options.get("ddp_comm_hook") == "powersgd":
+            return "float32 (PowerSGD low-rank factors)"
+        return str(next(self.module.parameters()).dtype).removeprefix("torch.")
+
+    # settings that tilt a comparison between backends, shown side by side in the report (bench/report/settings.py)
+    compile_mode = "whole model"  # what --compile compiles (FSDP2: each block, as torchtitan does)
+
     def describe(self) -> dict:
         """What actually ran, for the record (tests and readers check it): the process group's backend, the
-        autocast dtype, whether a GradScaler runs, how many SyncBatchNorm layers the model has."""
+        autocast dtype, whether a GradScaler runs, how many SyncBatchNorm layers the model has, the dtype gradients
+        are reduced in, and what --compile compiled (None without it)."""
         import torch.distributed as dist
 
         return {
@@ -125,6 +150,8 @@ class Backend:
             "autocast_dtype": str(self.autocast_dtype).removeprefix("torch.") if self.autocast_dtype else None,
             "grad_scaler": self.scaler is not None,
             "sync_batchnorm_layers": sum(isinstance(m, torch.nn.SyncBatchNorm) for m in self.module.modules()),
+            "grad_reduce_dtype": self.grad_reduce_dtype(),
+            "compile": self.compile_mode if (getattr(self, "options", None) or {}).get("compile") else None,
         }
 
     # -- shared building blocks ----------------------------------------------------------------------
@@ -136,8 +163,11 @@ class Backend:
         parameters the harness checksums.
         """
         self.module = unwrap(model)
+        self.options = dict(cfg.options or {})
         # Compiled after wrapping (DDP first, as the PyTorch docs prescribe); compilation happens in warm-up.
-        self.model = torch.compile(model) if (cfg.options or {}).get("compile") else model
+        # A backend that compiles its own parts (compile_mode other than "whole model") did so in its setup.
+        whole = self.options.get("compile") and self.compile_mode == "whole model"
+        self.model = torch.compile(model) if whole else model
         self.optimizer = torch.optim.SGD(model.parameters(), **SGD)
         self.autocast_dtype = AUTOCAST_DTYPES.get(cfg.precision)
         self.device_type = cfg.device_type

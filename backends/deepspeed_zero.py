@@ -14,6 +14,12 @@ bucket at that size on every rank (2 GB at fp32; two with ``overlap_comm`` at st
 per-GPU memory figure would then be mostly an empty buffer, and ZeRO would look heavier than DDP. Both are
 sized like DDP's buckets instead, 25 MiB of fp32 elements, or ``--ds-bucket-mb``; recorded as
 ``bucket_elements``.
+
+Other defaults set on purpose, each read back into ``backend_info``: gradients reduced in fp32
+(``communication_data_type``, as every backend without a compression knob), ``overlap_comm`` on at every stage
+(as DDP overlaps), no global gradient norm at stages 1-2 (``compute_grad_norm``; nothing uses it with clipping
+off), and the throughput timer off (it synchronizes the device twice a step). Skipped fp16 steps are DeepSpeed's
+own count (``engine.skipped_steps``), not read off the loss scale.
 """
 from __future__ import annotations
 
@@ -77,7 +83,18 @@ class DeepSpeedZero(DDP):
             "train_micro_batch_size_per_gpu": cfg.batch_size,
             "gradient_accumulation_steps": 1,
             "zero_optimization": {"stage": self.stage, "reduce_bucket_size": self.bucket_elements,
-                                  "allgather_bucket_size": self.bucket_elements},
+                                  "allgather_bucket_size": self.bucket_elements,
+                                  # off by default at stages 1-2 (zero/config.py overlap_comm_valid); DDP overlaps
+                                  "overlap_comm": True,
+                                  # the global norm exists for clipping, which is off; stages 1-2 can skip it
+                                  # (stage_1_and_2.py step()); stage 3 has no switch (config.py refuses it)
+                                  **({"compute_grad_norm": False} if self.stage in (1, 2) else {})},
+            # fp32 on the wire, as DDP under autocast and FSDP2 (reduce_dtype) do; DeepSpeed's default is the
+            # model dtype (engine.py communication_data_type), half the bytes of every other backend
+            "communication_data_type": "fp32",
+            # the throughput timer is on and synchronizes the device at its start and stop of every step
+            # (utils/timer.py ThroughputTimer; utils/config.py DeepSpeedThroughputTimerConfig defaults)
+            "timers": {"throughput": {"enabled": False, "synchronized": False}},
             "zero_allow_untested_optimizer": True,
             # DeepSpeed 0.19 clips the gradient norm to 1.0 unless told otherwise (GRADIENT_CLIPPING_DEFAULT):
             # no other backend clips, and with it DeepSpeed trained a different model (bench verify found it)
@@ -124,11 +141,27 @@ class DeepSpeedZero(DDP):
     def loss_scale(self):
         return float(self.optimizer.cur_scale) if getattr(self.engine, "fp16_enabled", lambda: False)() else None
 
+    def skipped_steps(self):
+        """DeepSpeed's own count of overflowed (skipped) steps (engine.py step(): ``skipped_steps += 1`` on
+        overflow). Its fp16 loss scaler halves the scale only after ``hysteresis`` (2) overflows in a row, so the
+        scale ratio that counts GradScaler's skips misses some here."""
+        return int(self.engine.skipped_steps)
+
+    def grad_reduce_dtype(self):
+        return str(self.engine.communication_data_type).removeprefix("torch.")
+
     def describe(self):
         info = super().describe()
+        timer = self.engine.tput_timer.config
         info.update(zero_stage=self.stage, param_dtype=str(next(self.module.parameters()).dtype).removeprefix("torch."),
                     grad_scaler=self.loss_scale() is not None, norm_buffers_cast=self.buffers_cast,
-                    bucket_elements=int(self.optimizer.reduce_bucket_size))  # what DeepSpeed took from the config
+                    # what DeepSpeed took from the config, read back from the engine and its ZeRO optimizer
+                    bucket_elements=int(self.optimizer.reduce_bucket_size),
+                    # stage 3's optimizer keeps no attribute: it got the engine's setting (engine.py)
+                    overlap_comm=bool(getattr(self.optimizer, "overlap_comm", self.engine.zero_overlap_comm())),
+                    grad_norm="computed" if getattr(self.optimizer, "compute_grad_norm", True) else "skipped",
+                    throughput_timer=("synchronized" if timer.synchronized else "on") if timer.enabled else "off",
+                    wall_clock_breakdown=bool(self.engine.wall_clock_breakdown()))
         return info
 
     def full_parameters(self):

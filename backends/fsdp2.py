@@ -8,9 +8,19 @@ the PyTorch FSDP2 tutorial and torchtitan do.
 Precision goes through ``MixedPrecisionPolicy``, not autocast: bf16/fp16 parameters for the all-gather and
 compute, fp32 gradient reduction. BatchNorm in a low-precision parameter dtype is a known pitfall (its
 statistics and affine parameters lose precision), so BatchNorm's parameters stay in fp32: through the policy's
-``param_dtype_override_fn`` where torch has it, else (torch 2.14 and older) through an fp32 ``fully_shard`` group
-of its own per BatchNorm layer, which costs one more all-gather per layer (recorded as ``norm_fp32_via``).
-BatchNorm then takes half inputs with fp32 weights, as it does under autocast. fp16 adds a GradScaler (CUDA only).
+``param_dtype_override_fn`` where torch has it, else (torch 2.14 and older) through one fp32 ``fully_shard``
+group per block holding that block's BatchNorm layers (one more all-gather per block, not per layer; the norms
+outside any block form one more group), recorded as ``norm_fp32_via``. BatchNorm then takes half inputs with
+fp32 weights, as it does under autocast. fp16 adds a GradScaler (CUDA only).
+
+``--compile`` compiles each block before it is sharded, as torchtitan does (``module.compile()``), not the
+whole wrapped model, where FSDP's hooks break the graph at every block; recorded as ``compile: "per block"``.
+
+The compute-only windows run under ``set_requires_gradient_sync(False)``: FSDP2 then accumulates the unsharded
+gradients and leaves the sharded ``.grad`` None (``_fsdp_param_group.py`` post_backward), so the optimizer step
+had nothing to update and GradScaler refused it ("No inf checks were recorded for this optimizer"). There, each
+sharded parameter gets a local zero gradient before the step (no communication), so the step does the same
+arithmetic as a real one; the compute-only weights are never read.
 """
 import contextlib
 import dataclasses
@@ -21,37 +31,30 @@ from backends.base import COMMON_KNOBS, build_model
 from backends.ddp import DDP
 
 
+def has_param_dtype_override() -> bool:
+    """Whether this torch's MixedPrecisionPolicy can keep chosen parameters fp32 (newer than 2.14)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return "param_dtype_override_fn" in {f.name for f in dataclasses.fields(MixedPrecisionPolicy)}
+
+
 class FSDP2(DDP):
     knobs = COMMON_KNOBS  # DDP's process-group plumbing, none of its knobs
+    compile_mode = "per block"
 
     def setup(self, cfg):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         self.init_process_group(cfg)
         model = build_model(cfg).to(self.device)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-        norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         mesh = init_device_mesh(cfg.device_type, (self.world_size,))
-        self.norm_fp32_via = None
-        if dtype and norms:
-            if "param_dtype_override_fn" in {f.name for f in dataclasses.fields(MixedPrecisionPolicy)}:
-                ids = {id(p) for m in norms for p in m.parameters()}
-                policy = dataclasses.replace(policy, param_dtype_override_fn=lambda p: torch.float32 if id(p) in ids else None)
-                self.norm_fp32_via = "param_dtype_override_fn"
-            else:  # torch <= 2.14: each BatchNorm its own fp32 group; its input stays in the compute dtype
-                fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
-                for norm in norms:
-                    fully_shard(norm, mesh=mesh, mp_policy=fp32)
-                self.norm_fp32_via = "fully_shard per BatchNorm"
-        for block in blocks(model):
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        # the root also returns fp32 logits, so the loss is computed in fp32 as under autocast
-        fully_shard(model, mesh=mesh, mp_policy=dataclasses.replace(policy, output_dtype=torch.float32 if dtype else None))
-        self.init_training(cfg, model, cfg.batch_size)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.norm_fp32_via = shard(model, mesh, dtype, compile=bool((cfg.options or {}).get("compile")))
+        self.init_training(cfg, model, cfg.batch_size)  # compile_mode "per block": the root is not compiled again
         self.autocast_dtype = None  # the policy casts; autocast on top would cast again
         self.param_dtype = dtype
+        self.compute_only = False
+        self.zero_grads = None
 
     compute_only_keeps = "the per-block parameter all-gathers of forward and backward (only the gradient reduce-scatter is skipped)"
 
@@ -61,12 +64,32 @@ class FSDP2(DDP):
         @contextlib.contextmanager
         def local():
             model.set_requires_gradient_sync(False)  # FSDP2's no_sync: no reduce-scatter of the gradients
+            self.compute_only = True
             try:
                 yield
             finally:
                 model.set_requires_gradient_sync(True)
+                self.compute_only = False
 
         return local()
+
+    def step(self):
+        if not self.compute_only:
+            return super().step()
+        loss = self.forward_loss()
+        self.optimizer.zero_grad()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        if self.zero_grads is None:  # made once: the shard-shaped local zeros (DTensor zeros_like: no collective)
+            self.zero_grads = [torch.zeros_like(p) for p in self.module.parameters()]
+        for p, zero in zip(self.module.parameters(), self.zero_grads):
+            if p.grad is None:
+                p.grad = zero
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        return loss.detach()
 
     def describe(self):
         info = super().describe()
@@ -79,6 +102,43 @@ class FSDP2(DDP):
         """The whole model's parameters: every rank all-gathers each DTensor (a collective, in order)."""
         for name, p in self.module.named_parameters():
             yield name, p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def shard(model: torch.nn.Module, mesh, dtype: torch.dtype | None, compile: bool = False) -> str | None:
+    """``fully_shard`` every block (compiled first with ``compile``), then the root, keeping BatchNorm's parameters
+    fp32 under a half ``dtype``. Returns how the norms were kept fp32 (None: no half dtype or no norm)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    units = blocks(model)
+    via = None
+    if dtype and norms:
+        if has_param_dtype_override():
+            ids = {id(p) for m in norms for p in m.parameters()}
+            policy = dataclasses.replace(policy, param_dtype_override_fn=lambda p: torch.float32 if id(p) in ids else None)
+            via = "param_dtype_override_fn"
+        else:  # torch <= 2.14: one fp32 group per block for its norms; their input stays in the compute dtype
+            fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+            for group in norm_groups(norms, units):
+                fully_shard(group, mesh=mesh, mp_policy=fp32)
+            via = "fully_shard per block's BatchNorms"
+    for block in units:
+        if compile:
+            block.compile()  # before fully_shard, as torchtitan's apply_compile does
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    # the root also returns fp32 logits, so the loss is computed in fp32 as under autocast
+    fully_shard(model, mesh=mesh, mp_policy=dataclasses.replace(policy, output_dtype=torch.float32 if dtype else None))
+    return via
+
+
+def norm_groups(norms: list[torch.nn.Module], units: list[torch.nn.Module]) -> list[list[torch.nn.Module]]:
+    """The norms grouped by the block that holds them (in block order), then the norms outside every block."""
+    owner = {id(m): i for i, unit in enumerate(units) for m in unit.modules()}
+    groups: dict[int, list] = {}
+    for norm in norms:
+        groups.setdefault(owner.get(id(norm), len(units)), []).append(norm)
+    return [groups[k] for k in sorted(groups)]
 
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -4,3 +4,6 @@ from backends.base import Backend
 
 class Single(Backend):
     max_world_size = 1
+
+    def grad_reduce_dtype(self) -> None:
+        return None  # one process on one device: no gradient is reduced

@@ -56,7 +56,7 @@ def run(spec: dict) -> None:
             if d.type == "cuda":
                 torch.cuda.synchronize(d)
 
-    scale0 = backend.loss_scale()
+    scale0, count0 = backend.loss_scale(), backend.skipped_steps()
     warmup_seconds = []  # each warm-up step on its own (synchronised, untimed): where compilation shows
     for _ in range(cfg.warmup):
         t0 = time.perf_counter()
@@ -71,7 +71,7 @@ def run(spec: dict) -> None:
     reset_peaks(backend)
     backend.train(SETTLE_STEPS)
     sync()
-    scale_after_warmup = backend.loss_scale()
+    scale_after_warmup, count_after_warmup = backend.loss_scale(), backend.skipped_steps()
     meter = EnergyMeter(backend.devices())
     timed = windows(backend, cfg, sync, meter, waited)
 
@@ -108,7 +108,8 @@ def run(spec: dict) -> None:
         "host_peak_rss_bytes": host_rss,
         "warmup_host_peak_rss_bytes": warmup_rss,
         "skipped_steps": timed["skipped"] if scale0 is not None else None,
-        "warmup_skipped_steps": skips(scale0, scale_after_warmup) if scale0 is not None else None,
+        "warmup_skipped_steps": skips(scale0, scale_after_warmup, count0, count_after_warmup)
+        if scale0 is not None else None,
         "backend_info": backend.describe(),
         "loader_workers": getattr(backend, "loader_workers", None),
         "warmup_step_seconds": warmup_seconds,
@@ -132,7 +133,7 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool) -> dict:
     for i in range(cfg.windows):
         backend.barrier()  # start every window together; the barrier itself is not timed
         sync()
-        scale, joules = backend.loss_scale(), meter.read()
+        scale, count, joules = backend.loss_scale(), backend.skipped_steps(), meter.read()
         if i == 0:  # energy over the whole span: NVML's counter is too coarse for one window (bench/energy.py)
             first_joules, e0 = joules, time.perf_counter()
         w0 = backend.batches.wait_seconds if waited else 0.0
@@ -141,7 +142,7 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool) -> dict:
         sync()
         out["seconds"].append(time.perf_counter() - t0)
         out["data_wait"].append(backend.batches.wait_seconds - w0 if waited else 0.0)
-        out["skipped"].append(skips(scale, backend.loss_scale()))
+        out["skipped"].append(skips(scale, backend.loss_scale(), count, backend.skipped_steps()))
         last_joules = meter.read()
         out["energy"].append(window_energy(joules, last_joules))
     out["energy_span"] = (window_energy(first_joules, last_joules), time.perf_counter() - e0)
@@ -197,12 +198,16 @@ def compute_only_reason(backend, cfg: RunConfig) -> str | None:
     return backend.no_compute_only
 
 
-def skips(scale_before: float | None, scale_after: float | None) -> int | None:
-    """Optimizer steps GradScaler skipped between two reads of its scale. Each skip halves the scale (backoff
-    0.5); a growth doubles it, once per 2000 clean steps (growth_interval), so a growth inside the same
-    window could hide one skip."""
+def skips(scale_before: float | None, scale_after: float | None, count_before: int | None = None,
+          count_after: int | None = None) -> int | None:
+    """Optimizer steps skipped between two reads: the backend's own count where it keeps one
+    (``Backend.skipped_steps``: DeepSpeed, whose scaler halves the scale only after 2 overflows in a row), else
+    read off GradScaler's scale. Each GradScaler skip halves the scale (backoff 0.5); a growth doubles it, once
+    per 2000 clean steps (growth_interval), so a growth inside the same window could hide one skip."""
     if scale_before is None or scale_after is None:
         return None
+    if count_before is not None and count_after is not None:
+        return count_after - count_before
     return max(0, round(math.log2(scale_before / scale_after)))
 
 

@@ -13,6 +13,7 @@ from bench.report.equivalence import section as equivalence_section
 from bench.report.headroom import section as headroom_section
 from bench.report.inputbound import section as input_bound_section
 from bench.report.plots import plot_workload
+from bench.report.settings import section as settings_section
 from bench.report.summary import device_memory
 from bench.report.verdict import duration, epoch_seconds
 from bench.report import verdict
@@ -71,6 +72,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
         md += ["### Skipped and failed runs", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
+    md += settings_section(rows)
     md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) + equivalence_section(src, warn) \
         + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)
     if skipped:
