@@ -125,6 +125,9 @@ class _TimedBackend:
     def loss_scale(self):
         return None
 
+    def skipped_steps(self):
+        return None
+
     def train(self, steps):
         self.clock.t += steps * self.step_seconds
 
