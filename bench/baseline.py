@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from bench.compare import BadInput, _error, _warn
+from bench.config import usable_cpus
 
 BASELINE_DIR = "results/baselines"
 BASELINE_SCHEMA = 1
@@ -79,27 +80,23 @@ def machine_hardware() -> tuple[str, str, int]:
     The GPU name comes from torch, as in the records' ``memory[].device_name`` that ``results.hardware``
     reads, so the name matches what ``bench run --device auto`` will record here.
     """
-    import os
-
     import torch
 
     from bench import results
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0), "cuda", torch.cuda.device_count()
-    return f"CPU: {results._cpu_model() or 'unknown'}", "cpu", os.cpu_count() or 1
+    return f"CPU: {results._cpu_model() or 'unknown'}", "cpu", usable_cpus()
 
 
 def machine_name(gpus: str | None = None, max_gpus: str | None = None) -> str:
     """The default baseline name for this machine and the sweep ``bench run --gpus/--max-gpus`` would run here
     (cli.world_sizes, the same rule), so it matches what ``bench baseline save`` names that sweep's records."""
-    import os
-
     from bench import cli
 
     hardware, device_type, present = machine_hardware()
     top = max(cli.world_sizes(gpus, max_gpus, device_type, present))
-    return name_for(hardware, top, os.cpu_count() if device_type == "cpu" else None)
+    return name_for(hardware, top, usable_cpus() if device_type == "cpu" else None)
 
 
 def _check_name(name: str) -> str:

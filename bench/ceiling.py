@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from bench.config import usable_cpus
 
 SCHEMA = "loader-1"
 
@@ -63,7 +64,7 @@ def cmd_loader(args) -> int:
             raise UsageError(f"--{flag} must be a positive integer, got {value}")
     if device_type == "cuda" and ranks > present:
         raise UsageError(f"--ranks {ranks}: this machine has {present} CUDA device(s)")
-    workers = max(1, (os.cpu_count() or 1) // ranks) if args.workers is None else args.workers
+    workers = max(1, usable_cpus() // ranks) if args.workers is None else args.workers
     if workers < 0 or args.warmup_batches < 0:
         raise UsageError(f"--workers and --warmup-batches must be non-negative integers, got {workers}, "
                          f"{args.warmup_batches}")

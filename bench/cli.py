@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import backends
-from bench.config import DEFAULTS, ON_OFF, PRECISIONS, ConfigError, RunConfig
+from bench.config import DEFAULTS, ON_OFF, PRECISIONS, ConfigError, RunConfig, usable_cpus
 
 CPU_DEFAULT_MAX_WORKERS = 4
 
@@ -41,7 +41,7 @@ def detect_device(requested: str) -> tuple[str, int]:
                          "use --device cpu or auto")
     if requested == "cuda" or (requested == "auto" and has_cuda):
         return "cuda", torch.cuda.device_count()
-    return "cpu", os.cpu_count() or 1
+    return "cpu", usable_cpus()
 
 
 def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, present: int) -> list[int]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -124,3 +125,12 @@ class Nodes:
     join_timeout: float  # seconds the rendezvous waits for every node
     hosts: str | None = None  # horovodrun -H host1:slots,host2:slots (node 0 starts Horovod runs)
     local_addr: str | None = None  # torchrun --local-addr: this node's address as the others reach it
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on: its affinity mask (a Slurm cpuset, a container's or taskset's CPU list),
+    not the machine's count, so ranks x threads never oversubscribe the cores a job was given."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.config import ConfigError
+from bench.config import ConfigError, usable_cpus
 from bench.loaders.tv import SkippingImageFolder  # the torchvision loader's dataset, re-exported
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -33,14 +33,14 @@ class DataError(ConfigError):
 
 def default_workers(devices: int) -> int:
     """Loader processes per device: each device's share of the cores, leaving one core per training process."""
-    return max(0, min(8, (os.cpu_count() or 1) // max(1, devices) - 1))
+    return max(0, min(8, usable_cpus() // max(1, devices) - 1))
 
 
 def loader_workers(cfg, feeds_devices: int) -> int:
     """DataLoader processes for one training process that feeds ``feeds_devices`` devices. ``--workers`` is per
     device for every backend, so nn.DataParallel's one process (feeding all N GPUs) gets N times as many as
     one DDP rank, capped by the cores; otherwise DataParallel would be input-bound by construction."""
-    return min(cfg.workers * feeds_devices, os.cpu_count() or 1) if cfg.workers else 0
+    return min(cfg.workers * feeds_devices, usable_cpus()) if cfg.workers else 0
 
 
 def check_imagenet(data_dir: str | None, global_batch: int) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from bench import results
-from bench.config import ConfigError, Nodes, RunConfig
+from bench.config import ConfigError, Nodes, RunConfig, usable_cpus
 from bench.worker import OOM_MARKER, REFUSED_MARKER
 
 LAUNCHERS = ("inproc", "torchrun", "spawn", "horovodrun")
@@ -90,7 +90,7 @@ def default_timeout(cfg: RunConfig, nodes: Nodes | None = None) -> float:
 
 def threads_per_rank(cfg: RunConfig) -> int:
     procs = 1 if cfg.launcher == "inproc" else cfg.nproc_per_node  # the ranks that share this machine's cores
-    return max(1, (os.cpu_count() or 1) // procs)
+    return max(1, usable_cpus() // procs)
 
 
 def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_env: dict | None = None,

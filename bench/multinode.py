@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from bench.config import Nodes
+from bench.config import Nodes, usable_cpus
 
 EXTERNAL_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -88,7 +88,7 @@ def run_external(args, configs) -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     rank = int(os.environ["RANK"])
     spec = {"config": cfg.to_dict(), "run_id": results.new_run_id(cfg.backend, cfg.world_size),
-            "results_dir": args.results, "env": results.collect_env(), "threads_per_rank": max(1, (os.cpu_count() or 1)
+            "results_dir": args.results, "env": results.collect_env(), "threads_per_rank": max(1, usable_cpus()
                                                                                                 // local),
             "launched_by": "external", "master_port": int(os.environ["MASTER_PORT"])}
     print(f"bench run --external: rank {rank} of {cfg.world_size} on {socket.gethostname()}, {cfg.backend}",

@@ -17,6 +17,8 @@ import uuid
 import warnings
 from pathlib import Path
 
+from bench.config import usable_cpus
+
 SCHEMA = 2  # 2: peaks are the timed windows' (warm-up peaks separate); repeats; cudnn knob
 STATUSES = ("ok", "skipped", "failed")
 
@@ -235,7 +237,8 @@ def collect_env(horovod: dict | None = None) -> dict:
         "driver": gpus.get("driver"),
         "nvml": gpus.get("error", "ok"),
         "topology": topo,
-        "cpu_count": os.cpu_count(),
+        "cpu_count": usable_cpus(),  # the cores this run may use (its affinity mask), which set its threads
+        "cpu_count_machine": os.cpu_count(),
         "cpu_model": _cpu_model(),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),

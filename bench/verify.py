@@ -36,6 +36,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from bench.config import usable_cpus
 
 # Deviations a correct backend may show where rounding alone moves nothing (the twin is bit-identical):
 # (max |loss - loss_ref| over the steps, final parameter distance relative to the update). Measured on
@@ -138,7 +139,7 @@ def cmd_verify(args) -> int:
     cli.check_writable(out)
     env = results.collect_env(horovod=cli._horovod_info([e for e in entries if not e.skipped]))
     todo = [e for e in entries if not e.skipped]
-    cores = os.cpu_count() or 1
+    cores = usable_cpus()
 
     def run(cfg, backend, world, reference=None):
         """One verify run; every run of world size N gets the threads one of N ranks gets."""

@@ -5,6 +5,7 @@ process, in well under a second each. One end-to-end test compares two real CPU 
 configuration through the real CLI.
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -443,9 +444,13 @@ def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path, capsys):
     # --threshold 0.5: the statistics are pinned down by the synthetic tests above; this test checks that real
     # records of one configuration group together, pass the hardware check and go through the gate, and a
     # 5% threshold on two real runs on a busy 2-core machine would make it flaky, not stricter.
-    dirs = [tmp_path / "a", tmp_path / "b"]
+    # Each side gets a core of its own (an affinity mask, which sets its threads): two sides of 2 threads each on 2
+    # cores would oversubscribe them, and OpenMP's spinning threads then take several times as long.
+    dirs, cores = [tmp_path / "a", tmp_path / "b"], sorted(os.sched_getaffinity(0))
+    pins = [{cores[i % len(cores)]} for i in range(2)]
     procs = [subprocess.Popen([sys.executable, "-m", "bench", "run", *RUN, "--results", str(d)], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for d in dirs]
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=lambda pin=pin: os.sched_setaffinity(0, pin)) for d, pin in zip(dirs, pins)]
     for p in procs:
         out, _ = p.communicate(timeout=600)
         assert p.returncode == 0, out
@@ -467,7 +472,8 @@ def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path, capsys):
         assert data["hardware"]["baseline"] == data["hardware"]["current"]
         assert data["hardware"]["current"][0][0] == "cpu"
     # `make regress` finds the baseline by this machine's name: it must be the name its records carry
-    here = bench("baseline", "name", "--gpus", "1")  # the sweep RUN ran
+    here = subprocess.run([sys.executable, "-m", "bench", "baseline", "name", "--gpus", "1"], cwd=REPO, text=True,
+                          capture_output=True, preexec_fn=lambda: os.sched_setaffinity(0, pins[0]))  # as side a ran
     with pytest.raises(SystemExit) as e:
         cli.main(["baseline", "name", "--from", str(dirs[0])])
     assert here.returncode == 0 and e.value.code == 0, here.stderr

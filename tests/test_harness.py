@@ -229,3 +229,19 @@ def test_dp_on_cpu_runs_the_bare_module():
     dp = backends.create("dp")
     dp.setup(cfg)
     assert not isinstance(dp.model, torch.nn.DataParallel) and dp.devices() == [torch.device("cpu")]
+
+
+def test_threads_per_rank_come_from_the_cores_this_job_may_use(monkeypatch):
+    """A Slurm cpuset, a container's CPU list or taskset: os.cpu_count() is the machine's, the affinity mask is the
+    job's; ranks x threads must fit the job's cores, or OpenMP's spinning threads oversubscribe them."""
+    import os
+
+    from bench import config, launch
+    from bench.config import RunConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
+    assert config.usable_cpus() == 4
+    cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=2, device_type="cpu", model="resnet18",
+                    image_size=32, batch_size=2, warmup=2, steps=2, windows=3)
+    assert launch.threads_per_rank(cfg) == 2
