@@ -120,7 +120,7 @@ def test_plan_matches_precisions_and_adds_the_dataparallel_cudnn_variant(monkeyp
 
 
 def test_workers_are_per_device_for_every_backend(monkeypatch):
-    monkeypatch.setattr(data.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(data, "usable_cpus", lambda: 16)  # the cores this job may use
     cfg = RunConfig(backend="dp", launcher="inproc", world_size=4, device_type="cuda", model="resnet18",
                     image_size=32, batch_size=2, warmup=2, steps=1, windows=1, workers=3)
     assert data.loader_workers(cfg, feeds_devices=4) == 12  # dp's one process feeds 4 GPUs
