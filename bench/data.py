@@ -86,6 +86,10 @@ def imagenet_loader(data_dir: str, image_size: int, batch: int, workers: int, ra
 class _DataLoaderSource:
     def __init__(self, loader):
         self.loader = loader
+        # what the record says this loader ran with (DALI's source says its own: bench/loaders/dali.py)
+        self.info = {"shuffle": f"{type(loader.sampler).__name__}, reshuffled every epoch (set_epoch)"
+                     if hasattr(loader.sampler, "set_epoch") else type(loader.sampler).__name__,
+                     "pin_memory": bool(loader.pin_memory), "workers": loader.num_workers}
 
     def epoch(self, n: int):
         if hasattr(self.loader.sampler, "set_epoch"):
@@ -100,6 +104,7 @@ class TimedBatches:
 
     def __init__(self, source, device, channels_last: bool = False):
         self.source = source if hasattr(source, "epoch") else _DataLoaderSource(source)
+        self.info = getattr(self.source, "info", None)  # the loader's settings, for the record (loader_info)
         self.device = device
         self.empty_classes = len(getattr(self.source, "empty_classes", None) or [])
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format

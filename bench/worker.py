@@ -95,6 +95,7 @@ def run(spec: dict) -> None:
         "data_wait_seconds": timed["data_wait"] if waited else None,
         "corrupt_images_skipped": backend.batches.skipped if waited else None,
         "empty_classes": backend.batches.empty_classes if waited else None,
+        "loader_info": backend.batches.info if waited else None,
         "memory": memory,
         "param_sha256": checksum,
         "eval": evaluated,
@@ -233,7 +234,8 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict]) -> dict:
         replicas_consistent=(len(checksums) == 1) if len(per_rank) > 1 else None,
         data_wait_seconds=[max(w) for w in zip(*waits)] if waits[0] is not None else None,
         corrupt_images_skipped=sum(r["corrupt_images_skipped"] for r in per_rank) if waits[0] is not None else None,
-        empty_classes=per_rank[0].get("empty_classes"),  # class folders with no image, skipped (labels unchanged)
+        empty_classes=per_rank[0].get("empty_classes"),
+        loader_info=per_rank[0].get("loader_info"),  # real data: shuffle, pinning, workers, DALI's decoder and copy  # class folders with no image, skipped (labels unchanged)
         host_peak_rss_bytes=[r["host_peak_rss_bytes"] for r in per_rank],
         warmup_host_peak_rss_bytes=[r.get("warmup_host_peak_rss_bytes") for r in per_rank],
         # ranks agree (GradScaler sees the all-reduced gradients); the max is the safe side if one did not

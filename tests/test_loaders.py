@@ -177,6 +177,7 @@ def test_dali_ddp_run_with_eval_on_flat_val_records_loader_empty_classes_and_ski
     (rec,) = records(results_dir)
     assert rec["status"] == "ok", rec["reason"]
     assert (rec["loader"], rec["decode"], rec["empty_classes"]) == ("dali", "cpu", 1)
+    assert rec["loader_info"]["shuffle"] == "file list shuffled once (seeded), then random_shuffle"
     assert rec["corrupt_images_skipped"] == 1  # pre-filtered once, counted by the rank whose share it was in
     assert rec["eval_samples"] == 6 and rec["replicas_consistent"] is True
     assert all(0 < w <= t for w, t in zip(rec["data_wait_seconds"], rec["window_seconds"]))
@@ -422,3 +423,26 @@ def test_dali_decode_cpu_batches_leave_the_pipeline_on_the_gpu(tree):
     images, targets, _ = next(iter(source.epoch(0)))
     assert images.device == torch.device("cuda:0") and images.shape == (4, 3, 32, 32)
     assert source.info["copy_to_gpu"] == "dali" and targets.dtype == torch.int64
+
+
+def test_loader_settings_are_recorded_and_shown_in_the_report(tmp_path):
+    """Loaders ship different defaults (shuffling, pinned memory, who copies to the GPU): the record says what each
+    ran with (loader_info) and the report shows it beside the input-bound verdict."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from bench.data import TimedBatches
+    from tests.test_report import make, run_report
+
+    dataset = TensorDataset(torch.zeros(8, 3, 4, 4), torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64))
+    loader = DataLoader(dataset, batch_size=2, sampler=DistributedSampler(dataset, num_replicas=2, rank=0, seed=1))
+    assert TimedBatches(loader, torch.device("cpu")).info == {
+        "shuffle": "DistributedSampler, reshuffled every epoch (set_epoch)", "pin_memory": False, "workers": 0}
+    dali = {"shuffle": "file list shuffled once (seeded), then random_shuffle", "initial_fill": 1024,
+            "decoder": "cpu", "copy_to_gpu": "dali"}
+    raw = tmp_path / "raw"
+    results.save(make("ddp", 2, 500.0, data="imagenet", loader="dali", decode="cpu", loader_info=dali), raw)
+    assert run_report(raw, tmp_path / "out")[0] == 0
+    md = (tmp_path / "out" / "REPORT.md").read_text()
+    section = md[md.index("## Input pipeline settings"):]
+    assert ("| ddp (dali loader, decode cpu) | 2 | dali / decode cpu | copy_to_gpu: dali; decoder: cpu; "
+            "initial_fill: 1024; shuffle: file list shuffled once (seeded), then random_shuffle |") in section

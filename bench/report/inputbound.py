@@ -94,9 +94,24 @@ def memory_section(real: list[dict]) -> list[str]:
                      {1, 3, 4, 5}), ""]
 
 
+def settings_section(real: list[dict]) -> list[str]:
+    """What each real-data configuration's loader ran with (the record's ``loader_info``): loaders ship different
+    defaults (shuffling, pinned memory, who copies to the GPU), which are part of what is compared."""
+    table = []
+    for r in real:
+        infos = {json.dumps(rec["loader_info"], sort_keys=True): rec["loader_info"] for rec in r["_recs"]
+                 if rec["status"] == "ok" and rec.get("loader_info")}
+        for _, info in sorted(infos.items()):
+            table.append([label(r), r["world_size"], f"{r['loader']} / decode {r['decode']}",
+                          "; ".join(f"{k}: {v}" for k, v in info.items())])
+    if not table:
+        return []
+    return ["## Input pipeline settings", "", md_table(["backend", "devices", "loader", "settings"], table, {1}), ""]
+
+
 def section(src: Path, rows: list[dict], warn) -> list[str]:
     real = [r for r in rows if r["runs_ok"] and r["data"] not in (None, "synthetic")]
-    return bound_section(src, rows, real, warn) + memory_section(real)
+    return bound_section(src, rows, real, warn) + memory_section(real) + settings_section(real)
 
 
 def bound_section(src: Path, rows: list[dict], real: list[dict], warn) -> list[str]:
