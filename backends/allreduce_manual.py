@@ -39,14 +39,10 @@ class AllReduceManual(DDP):
     def step(self):
         loss = self.forward_loss()
         self.optimizer.zero_grad()
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        self.backward(loss)
         for p in self.module.parameters():  # one all-reduce per tensor, after the whole backward pass
             if p.grad is not None and self.sync:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
                 p.grad.div_(self.world_size)
-        if self.scaler is None:
-            self.optimizer.step()
-        else:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        self.optimizer_step()
         return loss.detach()

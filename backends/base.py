@@ -186,14 +186,21 @@ class Backend:
         inside the timed loop)."""
         loss = self.forward_loss()
         self.optimizer.zero_grad()  # set_to_none by default (torch >= 2.0)
+        self.backward(loss)
+        self.optimizer_step()
+        return loss.detach()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward, through GradScaler's scaling when one runs (fp16)."""
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def optimizer_step(self) -> None:
+        """The optimizer step, through GradScaler (which skips it on an overflow) when one runs."""
         if self.scaler is None:
-            loss.backward()
             self.optimizer.step()
         else:
-            self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        return loss.detach()
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

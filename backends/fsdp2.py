@@ -78,17 +78,13 @@ class FSDP2(DDP):
             return super().step()
         loss = self.forward_loss()
         self.optimizer.zero_grad()
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        self.backward(loss)
         if self.zero_grads is None:  # made once: the shard-shaped local zeros (DTensor zeros_like: no collective)
             self.zero_grads = [torch.zeros_like(p) for p in self.module.parameters()]
         for p, zero in zip(self.module.parameters(), self.zero_grads):
             if p.grad is None:
                 p.grad = zero
-        if self.scaler is None:
-            self.optimizer.step()
-        else:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        self.optimizer_step()
         return loss.detach()
 
     def describe(self):
