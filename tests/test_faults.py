@@ -102,8 +102,8 @@ def test_interrupt_keeps_finished_records_and_kills_the_current_run(results_dir,
     _wait_for(lambda: _log_says(results_dir, "-ddp-w1-", "injected hang on rank 0"), "ddp's hang")
     sweep.send_signal(sig)
     t0 = time.monotonic()
-    out, err = sweep.communicate(timeout=60)
-    assert sweep.returncode == 130 and time.monotonic() - t0 < 30, err  # a bound for a busy machine: ~6 s calm
+    out, err = sweep.communicate(timeout=300)  # a guard against a hang, sized for a busy machine: ~6 s calm
+    assert sweep.returncode == 130 and time.monotonic() - t0 < 240, err
     assert "interrupted: 1 of 2 runs finished" in err
     [rec] = records(results_dir)
     assert rec["backend"] == "single" and rec["status"] == "ok"
@@ -120,8 +120,8 @@ def test_interrupt_while_the_launcher_starts_its_ranks_leaves_nothing(results_di
     time.sleep(0.5)  # torchrun is importing torch, or starting the rank
     sweep.send_signal(signal.SIGINT)
     t0 = time.monotonic()
-    out, err = sweep.communicate(timeout=60)
-    assert sweep.returncode == 130 and time.monotonic() - t0 < 30, err
+    out, err = sweep.communicate(timeout=300)
+    assert sweep.returncode == 130 and time.monotonic() - t0 < 240, err
     assert "interrupted: 0 of 1 runs finished" in err and not records(results_dir)
     time.sleep(1)  # a rank that was starting when it was killed is gone a moment later
     assert not _leftovers(results_dir)
