@@ -157,6 +157,7 @@ def two_ranks(tmp_path_factory):
 
 # -- item 1: FSDP2's compute-only windows under a GradScaler ----------------------------------------------------------
 
+@pytest.mark.slow
 def test_fsdp2_compute_only_step_gives_the_scaler_sharded_grads(two_ranks):
     for rank in two_ranks:
         seen = rank["fsdp2_compute_only"]
@@ -202,6 +203,7 @@ def test_deepspeed_fp16_on_two_gpus_reduces_in_fp32_and_counts_its_skips(results
 
 # -- item 16 and --compile: FSDP2's groups ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_fsdp2_old_torch_groups_each_blocks_norms_together(two_ranks):
     seen = two_ranks[0]["fsdp2_groups"]
     assert seen["via"] == "fully_shard per block's BatchNorms"
@@ -225,6 +227,7 @@ def test_norm_groups_follow_the_blocks():
                                                         model.layer2[0].downsample[1]]
 
 
+@pytest.mark.slow
 def test_fsdp2_compile_compiles_each_block_not_the_root(two_ranks):
     seen = two_ranks[0]["fsdp2_groups"]
     assert seen["compile"] == "per block"
@@ -234,6 +237,7 @@ def test_fsdp2_compile_compiles_each_block_not_the_root(two_ranks):
 
 # -- item 14: ZeroRedundancyOptimizer's bucket view -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ddp_zero_broadcasts_bucket_views(two_ranks):
     for rank in two_ranks:
         assert rank["ddp_zero"]["bucket_view"] is True
@@ -243,6 +247,7 @@ def test_ddp_zero_broadcasts_bucket_views(two_ranks):
 
 # -- items 11-13: DeepSpeed's generated config, read back from a real engine ------------------------------------------
 
+@pytest.mark.slow
 def test_deepspeed_engine_runs_with_the_fair_settings(two_ranks):
     for rank in two_ranks:
         assert rank["ds_zero2"] == {

@@ -127,6 +127,7 @@ def test_interrupt_while_the_launcher_starts_its_ranks_leaves_nothing(results_di
     assert not _leftovers(results_dir)
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_retried(results_dir):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
