@@ -214,6 +214,8 @@ def main(argv=None) -> int:
     if why:
         print(f"lockfile: {why}", file=sys.stderr)
         return 1
+    if args.cmd == "check":
+        return 0
     if args.cmd == "wheels":
         return download(Path(args.dir), args.python_version, args.only)
     keep, left, absent = select(args.mode, wheels=Path(args.wheels) if args.wheels else None)

@@ -29,6 +29,13 @@ def test_the_committed_lock_matches_pyproject_and_pins_torch():
     assert torch.__version__.split("+")[0] == pins["torch"] and torchvision.__version__.split("+")[0] == pins["torchvision"]
 
 
+def test_make_check_lock_passes_on_the_committed_lock():
+    # what .ci/run calls first: the script itself, as make runs it (a crash here once kept every landing out)
+    proc = subprocess.run(["make", "-s", "check-lock", f"PYTHON={sys.executable}"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "requirements.lock matches pyproject.toml", "")
+
+
 def test_a_lock_older_than_pyproject_is_stale(tmp_path):
     lock, pyproject = tmp_path / "requirements.lock", tmp_path / "pyproject.toml"
     shutil.copy(lockfile.LOCK, lock)
