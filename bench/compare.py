@@ -48,7 +48,7 @@ import math
 import sys
 from pathlib import Path
 
-from bench.stats import TESTS  # noqa: E402 (light: numpy and scipy.stats)
+from bench.stats import TESTS  # noqa: E402 (light: numpy)
 FORMATS = ("md", "json")
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.01

@@ -12,7 +12,9 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from scipy import stats
+
+# scipy.stats is imported only by the significance tests (the gate): it costs ~2 s of CPU per process, and every
+# rank imports this module for the record's arithmetic.
 
 N_RESAMPLES = 2000
 WITHIN_RUN, ACROSS_RUNS = "within-run only", "across runs"
@@ -44,9 +46,22 @@ def median_ci95(values) -> tuple[float, list[float]]:
     med = float(np.median(x))
     if x.size < 2 or np.ptp(x) == 0:
         return med, [med, med]
-    res = stats.bootstrap((x,), np.median, confidence_level=0.95, n_resamples=N_RESAMPLES, method="percentile",
-                          random_state=np.random.default_rng(0))
-    return med, [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    rng = np.random.default_rng(0)
+    theta = np.sort(np.median(x[rng.integers(0, x.size, (N_RESAMPLES, x.size))], axis=-1))
+    alpha = (1 - 0.95) / 2
+    return med, [_quantile_linear(theta, alpha), _quantile_linear(theta, 1 - alpha)]
+
+
+def _quantile_linear(ordered: np.ndarray, p: float) -> float:
+    """The ``p`` quantile of sorted values, in scipy.stats.quantile's 'linear' arithmetic (Hyndman-Fan 7), so that
+    ``median_ci95`` gives scipy.stats.bootstrap(method="percentile")'s interval to the bit without importing
+    scipy in every rank (tests/test_compare.py compares the two)."""
+    n = ordered.size
+    jg = p * n + (1 - p)
+    jp1 = jg // 1
+    j, g = jp1 - 1, jg % 1
+    lo, hi = int(min(max(j, 0), n - 1)), int(min(max(jp1, 0), n - 1))
+    return float((1 - g) * ordered[lo] + g * ordered[hi])
 
 
 def hierarchical_ci95(runs: list[np.ndarray], n_resamples: int = N_RESAMPLES, seed: int = 0) -> list[float]:
@@ -92,6 +107,8 @@ def significance(base_runs, cur_runs, test: str = "welch") -> tuple[float, float
     welch: Welch's t-test on the log of run medians (ratios symmetric; reaches any alpha from 2 runs a side).
     mwu: Mann-Whitney U on run medians (no normality assumed; needs 5 runs a side to reach p < 0.01).
     """
+    from scipy import stats
+
     base, cur = np.asarray(base_runs, dtype=float), np.asarray(cur_runs, dtype=float)
     n, m = base.size, cur.size
     with warnings.catch_warnings(), np.errstate(all="ignore"):

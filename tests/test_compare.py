@@ -478,3 +478,28 @@ def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path, capsys):
         cli.main(["baseline", "name", "--from", str(dirs[0])])
     assert here.returncode == 0 and e.value.code == 0, here.stderr
     assert here.stdout == capsys.readouterr().out and here.stdout.startswith("CPU-")
+
+
+def test_within_run_interval_is_scipy_s_percentile_bootstrap_to_the_bit_and_ranks_need_no_scipy():
+    """median_ci95 resamples and interpolates as scipy.stats.bootstrap(method="percentile") does, without importing
+    scipy (2 s of CPU in every rank that imports bench.stats)."""
+    from scipy import stats as sp
+
+    from bench.stats import N_RESAMPLES, _quantile_linear, median_ci95
+
+    rng = np.random.default_rng(3)
+    samples = [[10.0, 12.0], [5.0, 5.0, 6.0], list(np.round(rng.lognormal(0, 0.3, 7) * 100, 1))]
+    samples += [list(rng.lognormal(0, 0.3, n) * 100) for n in (3, 5, 10, 31)]
+    for x in samples:
+        ref = sp.bootstrap((np.asarray(x),), np.median, confidence_level=0.95, n_resamples=N_RESAMPLES,
+                           method="percentile", random_state=np.random.default_rng(0)).confidence_interval
+        assert median_ci95(x) == (float(np.median(x)), [float(ref.low), float(ref.high)]), x
+    alpha = (1 - 0.95) / 2  # the interpolation alone, on values that are all distinct
+    for n in (N_RESAMPLES, 7, 2):
+        values = np.sort(rng.normal(size=n))
+        for p in (alpha, 1 - alpha, 0.5):
+            assert _quantile_linear(values, p) == float(sp.quantile(values, p, method="linear")), (n, p)
+    assert median_ci95([7.0]) == (7.0, [7.0, 7.0]) and median_ci95([3.0, 3.0]) == (3.0, [3.0, 3.0])
+    probe = subprocess.run([sys.executable, "-c", "import sys, bench.stats; print('scipy' in sys.modules)"],
+                           cwd=REPO, capture_output=True, text=True)
+    assert probe.stdout.strip() == "False", probe.stderr
