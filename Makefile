@@ -90,15 +90,20 @@ report: venv
 list: venv
 	$(PY) -m bench list
 
-# pytest exits 5 when it collected no tests: a suite that tests nothing is a failure, said plainly.
+# Tests run in TEST_JOBS processes (pytest-xdist; default: the cores this job may use), each test module on one
+# process (its module fixtures run once) and every `gpu` test on the same one (one GPU is never shared by two tests).
+# TEST_JOBS=1 runs them in this process. pytest exits 5 when it collected no tests: a suite that tests nothing is a
+# failure, said plainly.
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+XDIST     := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup)
 test: install
-	$(PY) -m pytest -q -rs tests $(ARGS); status=$$?; \
+	$(PY) -m pytest -q -rs $(XDIST) tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
 # The inner loop: the tests that launch no run, start no process group and train nothing (tests/conftest.py refuses
 # all three under BENCH_TEST_FAST=1, so a test that needs `@pytest.mark.slow` fails here instead of slowing it down).
 test-fast: venv
-	BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs -m "not slow and not gpu" tests $(ARGS); status=$$?; \
+	BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs $(XDIST) -m "not slow and not gpu" tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; fi; exit $$status
 
 # One command that proves a GPU machine (README: "Checking a GPU machine"): the gpu-marked tests, then every backend

@@ -11,9 +11,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The smallest run that still exercises everything: resnet18 (has BatchNorm) at 32 px.
+# The smallest run that still exercises everything: resnet18 (has BatchNorm) at 32 px, 2 windows of 1 step (and as
+# many compute-only windows). A rank's start-up (importing torch and torchvision: ~6 s of CPU) is most of a run.
+TINY_STEPS, TINY_WINDOWS = 1, 2
 TINY = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2",
-        "--warmup", "2", "--steps", "2", "--windows", "3"]
+        "--warmup", "2", "--steps", str(TINY_STEPS), "--windows", str(TINY_WINDOWS)]
 
 
 def bench(*args, env=None, timeout=600, check=False):
@@ -57,6 +59,14 @@ def bench_inproc(*args, env=None, check=False):
 def records(directory) -> list[dict]:
     """The records in ``directory`` (not a writer's ``.tmp-*`` file: pathlib's glob matches hidden names)."""
     return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json")) if not p.name.startswith(".")]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test`, --dist loadgroup): a module's tests stay on one worker, so a module fixture
+    (one 2-rank run feeding many assertions) runs once; every `gpu` test goes to one worker, so two tests never share
+    a GPU at once."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("gpu" if item.get_closest_marker("gpu") else item.module.__name__))
 
 
 @pytest.fixture
