@@ -272,7 +272,10 @@ def cmd_run(args) -> int:
     env_meta = results.collect_env(horovod=_horovod_info(configs))
     if args.resume:
         configs = _not_yet_done(configs, results_dir, env_meta)
+    # Ctrl-C and SIGTERM end the sweep, whatever this process inherited: a shell script's background job starts with
+    # SIGINT ignored, and Python then never installs its KeyboardInterrupt handler, so a `kill -INT` was lost.
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     records = []
     try:
         with progress.Sweep(len(configs)) as bar:
