@@ -1,12 +1,13 @@
 """The harness and the four PyTorch backends, run for real on CPU (gloo), launched as users launch them."""
 import json
+import statistics
 
 import pytest
 
 from bench import results
 from bench.cli import world_sizes
 from bench.worker import build_record
-from tests.conftest import TINY, bench, cli_error, records, bench_inproc
+from tests.conftest import TINY, TINY_STEPS, TINY_WINDOWS, bench, cli_error, records, bench_inproc
 
 
 def _only_record(directory):
@@ -20,9 +21,10 @@ def _assert_ok_record(rec, backend, launcher, world_size):
     assert rec["schema"] == results.SCHEMA
     assert (rec["backend"], rec["launcher"], rec["world_size"], rec["device_type"]) == (backend, launcher, world_size, "cpu")
     assert set(results.REQUIRED_KEYS) <= set(rec)
-    assert len(rec["window_seconds"]) == 3 and all(t > 0 for t in rec["window_seconds"])
+    assert len(rec["window_seconds"]) == TINY_WINDOWS and all(t > 0 for t in rec["window_seconds"])
     assert rec["batch_per_device"] == 2 and rec["global_batch"] == 2 * world_size
-    assert (rec["warmup_steps"], rec["steps_per_window"], rec["model"], rec["image_size"]) == (2, 2, "resnet18", 32)
+    assert (rec["warmup_steps"], rec["steps_per_window"], rec["model"], rec["image_size"]) == (
+        2, TINY_STEPS, "resnet18", 32)
     assert rec["settle_steps"] == 1 and rec["cudnn_benchmark"] is None  # CPU: no cuDNN to switch
     assert (rec["repeat_index"], rec["repeats"]) == (1, 1)
     # host peaks are the timed windows' (after a reset), the warm-up's are kept beside them
@@ -39,7 +41,8 @@ def _assert_ok_record(rec, backend, launcher, world_size):
     co = rec["compute_only"]
     if world_size > 1:
         assert co == {"measured": True, "reason": None, "keeps": None}
-        assert len(rec["compute_only_window_seconds"]) == 3 and all(t > 0 for t in rec["compute_only_window_seconds"])
+        assert len(rec["compute_only_window_seconds"]) == TINY_WINDOWS
+        assert all(t > 0 for t in rec["compute_only_window_seconds"])
     else:
         assert co["measured"] is False and rec["compute_only_window_seconds"] is None
     info = rec["backend_info"]
@@ -47,8 +50,8 @@ def _assert_ok_record(rec, backend, launcher, world_size):
     assert (info["autocast_dtype"], info["grad_scaler"], info["sync_batchnorm_layers"]) == (None, False, 0)
     assert rec["precision"] == "fp32" and rec["data"] == "synthetic"
     # throughput is global samples per second, the median over windows, inside its own interval
-    per_window = sorted(rec["global_batch"] * 2 / t for t in rec["window_seconds"])
-    assert rec["throughput"] == pytest.approx(per_window[1])
+    per_window = [rec["global_batch"] * TINY_STEPS / t for t in rec["window_seconds"]]
+    assert rec["throughput"] == pytest.approx(statistics.median(per_window))
     lo, hi = rec["throughput_ci95"]
     assert lo <= rec["throughput"] <= hi
     assert rec["per_device_throughput"] == pytest.approx(rec["throughput"] / world_size)
@@ -62,12 +65,13 @@ def _assert_ok_record(rec, backend, launcher, world_size):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend,launcher", [("ddp", "torchrun"), ("ddp_spawn", "spawn")])
-def test_ddp_two_gloo_ranks_identical_replicas(results_dir, backend, launcher):
-    proc = bench("run", "--backends", backend, "--gpus", 2, *TINY, "--results", results_dir)
+def test_ddp_two_gloo_ranks_identical_replicas(results_dir):
+    """As a user runs it (python -m bench). ddp_spawn's run is checked the same way in tests/test_faults.py
+    (test_a_port_in_use_is_retried), which needs that run anyway."""
+    proc = bench("run", "--backends", "ddp", "--gpus", 2, *TINY, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rec = _only_record(results_dir)
-    _assert_ok_record(rec, backend, launcher, 2)
+    _assert_ok_record(rec, "ddp", "torchrun", 2)
     assert rec["replicas_consistent"] is True
     assert rec["threads_per_rank"] >= 1
 
@@ -83,8 +87,12 @@ def test_replica_check_fails_when_replicas_differ(results_dir):
 
 
 @pytest.mark.slow
-def test_single_and_dp_on_cpu(results_dir):
-    proc = bench_inproc("run", "--backends", "single,dp", "--gpus", "1,2", *TINY, "--results", results_dir)
+def test_single_and_dp_on_cpu_then_repeats_interleaved_and_resumed(results_dir):
+    """single and dp in process (with --eval: the in-process evaluation), then --repeat 2 --resume on the same
+    directory: the repetitions already there are not run again, the rest run interleaved."""
+    run = ("run", "--backends", "single,dp", "--gpus", "1,2", *TINY, "--eval", "--eval-samples", 37,
+           "--results", results_dir)
+    proc = bench_inproc(*run)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "single runs on 1 device only" in proc.stderr
     recs = {(r["backend"], r["world_size"]): r for r in records(results_dir)}
@@ -93,11 +101,24 @@ def test_single_and_dp_on_cpu(results_dir):
     _assert_ok_record(recs[("dp", 1)], "dp", "inproc", 1)
     assert recs[("single", 1)]["replicas_consistent"] is None  # one process: nothing to compare
     assert recs[("dp", 1)]["note"].startswith("nn.DataParallel on CPU calls the module directly")
+    for rec in (recs[("single", 1)], recs[("dp", 1)]):  # every evaluation sample once
+        assert rec["eval"] is True and rec["eval_samples"] == 37
+        assert rec["eval_loss"] > 0 and 0 <= rec["eval_accuracy"] <= 1 and rec["eval_throughput"] > 0
     skipped = recs[("dp", 2)]
     assert skipped["status"] == "skipped" and skipped["throughput"] is None
     assert skipped["reason"].startswith("nn.DataParallel cannot parallelise on CPU")
     for line in ("single", "dp", "global img/s", "per-device img/s", "skipped"):
         assert line in proc.stdout
+
+    again = bench_inproc(*run, "--repeat", 2, "--resume")
+    assert again.returncode == 0, again.stdout + again.stderr
+    # single and dp x1 have their first repetition; dp x2 was skipped (not ok), so it is planned again
+    assert "resume: 2 of 6 runs already have an ok record" in again.stderr
+    lines = [ln for ln in again.stdout.splitlines() if ln.startswith("[")]
+    assert [ln.split(" on ")[0] for ln in lines] == ["[1/4] dp x2", "[2/4] single x1", "[3/4] dp x1", "[4/4] dp x2"]
+    assert lines[0].endswith("(repeat 1/2) ...") and all(ln.endswith("(repeat 2/2) ...") for ln in lines[1:])
+    ok = sorted((r["backend"], r["repeat_index"], r["repeats"]) for r in records(results_dir) if r["status"] == "ok")
+    assert ok == [("dp", 1, 1), ("dp", 2, 2), ("single", 1, 1), ("single", 2, 2)]
 
 
 @pytest.mark.slow

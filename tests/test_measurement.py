@@ -70,22 +70,6 @@ def test_gradscaler_skips_are_counted_from_the_scale():
     assert skips(None, 1.0) is None
 
 
-@pytest.mark.slow
-def test_repeats_run_interleaved_and_resume_counts_repetitions(results_dir):
-    first = bench_inproc("run", "--backends", "single,dp", "--gpus", 1, *TINY, "--results", results_dir)
-    assert first.returncode == 0, first.stdout + first.stderr
-    again = bench_inproc("run", "--backends", "single,dp", "--gpus", 1, *TINY, "--repeat", 2, "--resume",
-                         "--results", results_dir)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "resume: 2 of 4 runs already have an ok record" in again.stderr
-    lines = [ln for ln in again.stdout.splitlines() if ln.startswith("[")]
-    assert lines[0].startswith("[1/2] single x1") and lines[0].endswith("(repeat 2/2) ...")
-    assert lines[1].startswith("[2/2] dp x1") and lines[1].endswith("(repeat 2/2) ...")
-    recs = records(results_dir)
-    assert sorted((r["backend"], r["repeat_index"], r["repeats"]) for r in recs) == [
-        ("dp", 1, 1), ("dp", 2, 2), ("single", 1, 1), ("single", 2, 2)]
-
-
 def test_interleave_runs_every_configuration_before_repeating():
     cfgs = [RunConfig(backend=b, launcher="inproc", world_size=1, device_type="cpu", model="resnet18", image_size=32,
                       batch_size=2, warmup=2, steps=1, windows=1) for b in ("single", "dp", "ddp")]

@@ -39,6 +39,7 @@ def _collectives_rank(rank, world, port, out_dir, free_by_rank):
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(ran))
 
 
+@pytest.mark.slow
 def test_collectives_ranks_agree_on_the_sizes_the_tightest_rank_fits(tmp_path):
     import torch.multiprocessing as mp
 
