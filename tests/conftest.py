@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,7 +67,8 @@ def pytest_collection_modifyitems(config, items):
     (one 2-rank run feeding many assertions) runs once; every `gpu` test goes to one worker, so two tests never share
     a GPU at once."""
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("gpu" if item.get_closest_marker("gpu") else item.module.__name__))
+        gpu = item.get_closest_marker("gpu") and torch.cuda.is_available()
+        item.add_marker(pytest.mark.xdist_group("gpu" if gpu else item.module.__name__))
 
 
 @pytest.fixture
