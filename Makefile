@@ -17,11 +17,11 @@ REPORT  ?= results/report
 ARGS    ?=
 DATA    ?=
 # DATA=/path/to/imagenet measures the real input pipeline (DIR/train/<class>/*.JPEG) with LOADER (torchvision or
-# dali) instead of synthetic data; see bench/loaders.
+# dali) instead of synthetic data; see bench/rank/loaders.
 LOADER  ?= torchvision
 DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA) --loader $(LOADER))
 # bench loader's flags (its image size and batch default to bench run's; pass the same ones as in ARGS)
-LOADER_ARGS ?= $(if $(filter-out all,$(GPUS)),--ranks $(GPUS))
+LOADER_ARGS ?= $(if $(filter-out all,$(GPUS)),--gpus $(GPUS))
 
 .PHONY: venv install horovod bench report test test-fast gpu-check list clean regress baseline verify lock check-lock wheels
 

@@ -1,14 +1,14 @@
 """What every backend shares: the contract, the model, the synthetic batch and one training step.
 
 A backend only sets up, steps and tears down. It never times, prints or writes: the harness
-(bench/worker.py) does that identically for all of them.
+(bench/rank/train.py) does that identically for all of them.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from bench.config import MIN_WARMUP
+from bench.core.config import MIN_WARMUP
 
 # fp16 needs a GradScaler (its gradients underflow); bf16 has fp32's range and needs none.
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -39,13 +39,8 @@ class Backend:
 
     # -- run in the harness process, before launching: cheap, imports nothing heavy --------------
     def unavailable(self, cfg) -> str | None:
-        """Why this backend cannot run ``cfg`` on this machine (a reason and a fix), or None."""
-        if getattr(cfg, "data", "synthetic") == "imagenet":
-            from bench import loaders
-
-            missing = loaders.unavailable(cfg.loader or "torchvision")
-            if missing:
-                return missing
+        """Why this backend cannot run ``cfg`` on this machine (a reason and a fix), or None. (A real-data run's
+        loader is asked first, by the planner: bench/commands/_plan.py, loader_unavailable.)"""
         if cfg.precision == "fp16" and cfg.device_type == "cpu":
             return "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"
         if getattr(cfg, "nnodes", 1) > 1 and self.launcher in ("inproc", "spawn"):
@@ -103,7 +98,7 @@ class Backend:
     def teardown(self) -> None:
         pass
 
-    # -- the compute-only reference (bench/worker.py: exposed communication) --------------------------
+    # -- the compute-only reference (bench/rank/train.py: exposed communication) --------------------------
     def skip_gradient_sync(self):
         """A context manager inside which steps skip this backend's gradient synchronisation, for the
         compute-only reference windows; None when the backend has no way to skip it (``no_compute_only``
@@ -136,7 +131,8 @@ class Backend:
             return "float32 (PowerSGD low-rank factors)"
         return str(next(self.module.parameters()).dtype).removeprefix("torch.")
 
-    # settings that tilt a comparison between backends, shown side by side in the report (bench/report/settings.py)
+    # settings that tilt a comparison between backends, shown side by side in the report
+    # (bench/commands/report/settings.py)
     compile_mode = "whole model"  # what --compile compiles (FSDP2: each block, as torchtitan does)
 
     def describe(self) -> dict:

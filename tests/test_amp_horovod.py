@@ -7,7 +7,7 @@ import torch
 
 from backends import horovod as hvd_backend
 from backends.ddp_amp_syncbn import SYNCBN_CPU
-from tests.conftest import TINY, TINY_WINDOWS, records, bench_inproc
+from tests.conftest import TINY, TINY_WINDOWS, bench_inproc, records
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -16,8 +16,8 @@ import torch
 
 import backends
 from backends import fsdp2 as fsdp2_module
-from bench import worker
-from bench.config import RunConfig
+from bench.core.config import RunConfig
+from bench.rank import record, train
 from tests.conftest import bench, records
 
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
@@ -105,7 +105,7 @@ def _ddp_zero(rank: int) -> dict:
         b.train(2)
         info = b.describe()
         return {"bucket_view": info["parameters_as_bucket_view"], "grad_reduce_dtype": info["grad_reduce_dtype"],
-                "checksum": worker.param_checksum(b.full_parameters())}
+                "checksum": record.param_checksum(b.full_parameters())}
     finally:
         b.teardown()
 
@@ -121,7 +121,7 @@ def _ds_zero2_bf16(rank: int) -> dict:
         keys = ("grad_reduce_dtype", "overlap_comm", "grad_norm", "throughput_timer", "wall_clock_breakdown",
                 "param_dtype")
         return {**{k: info[k] for k in keys}, "skipped_steps": b.skipped_steps(),
-                "checksum": worker.param_checksum(b.full_parameters())}
+                "checksum": record.param_checksum(b.full_parameters())}
     finally:
         b.teardown()
 
@@ -320,16 +320,16 @@ def test_deepspeed_skipped_steps_are_its_own_count_not_the_scale_ratio():
     b.batches, b.barrier = None, lambda: None  # no process group here
     cfg = types.SimpleNamespace(windows=3, steps=4)
     meter = types.SimpleNamespace(read=lambda: None)
-    out = worker.windows(b, cfg, lambda: None, meter, waited=False)
+    out = train.windows(b, cfg, lambda: None, meter, waited=False)
     assert out["skipped"] == [4, 4, 4]  # the scale ratio says [2, 2, 2]
     assert b.skipped_steps() == 12
 
 
 def test_gradscaler_backends_keep_the_scale_ratio():
     assert backends.create("ddp").skipped_steps() is None
-    assert worker.skips(2.0 ** 16, 2.0 ** 14) == 2
-    assert worker.skips(2.0 ** 16, 2.0 ** 15, 3, 7) == 4  # a count, where the backend keeps one, wins
-    assert worker.skips(None, None, 3, 7) is None  # no loss scale: no fp16, nothing recorded
+    assert train.skips(2.0 ** 16, 2.0 ** 14) == 2
+    assert train.skips(2.0 ** 16, 2.0 ** 15, 3, 7) == 4  # a count, where the backend keeps one, wins
+    assert train.skips(None, None, 3, 7) is None  # no loss scale: no fp16, nothing recorded
 
 
 # -- item 12: one reduction dtype rule ---------------------------------------------------------------------------------

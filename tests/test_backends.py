@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from bench import maxbatch
-from tests.conftest import TINY, TINY_WINDOWS, cli_error, records, bench_inproc
+from bench.commands import _maxbatch as maxbatch
+from tests.conftest import TINY, TINY_WINDOWS, bench_inproc, cli_error, records
 
 NEW = ("fsdp2", "ds_zero1", "ds_zero2", "ds_zero3", "ddp_zero", "allreduce_manual")
 

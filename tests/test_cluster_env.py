@@ -8,7 +8,10 @@ import json
 import pytest
 import torch
 
-from bench import cli, multinode
+from bench import cli
+from bench.commands import _nodes as multinode
+from bench.commands._plan import world_sizes
+from bench.core.errors import UsageError
 
 ENGINE_VARS = [v for rank, sizes in multinode.LOCAL_ENV for v in (rank, *sizes)] + ["SLURM_NODEID"]
 
@@ -48,6 +51,7 @@ def test_external_local_rank_from_the_engine(gpus, monkeypatch, env, expected):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     import os
+
     w, nodes = world()
     assert (int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])) == expected
     assert (w, nodes) == (8, 8 // expected[1])
@@ -67,6 +71,7 @@ def test_external_without_a_local_rank_is_refused_on_several_gpus(gpus, capsys, 
 @pytest.mark.parametrize("n, device", [(1, "auto"), (0, "auto"), (4, "cpu")])
 def test_external_without_a_local_rank_is_rank_0_of_1_with_one_gpu_or_on_cpu(gpus, n, device):
     import os
+
     gpus(n)
     assert world(device) == (8, 8) and (os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("0", "1")
 
@@ -75,17 +80,18 @@ def test_external_local_rank_beyond_the_node_gpus_is_refused(gpus, monkeypatch):
     gpus(2)
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
-    with pytest.raises(cli.UsageError) as e:
+    with pytest.raises(UsageError) as e:
         world()
     assert str(e.value) == ("OMPI_COMM_WORLD_LOCAL_RANK=2 but this node has 2 GPU(s): start at most one process "
                             "per GPU")
 
 
 # ---------------------------------------------------------------------------------------------------
-# The per-run timeout grows with --compile and the world size (bench/launch.py default_timeout)
+# The per-run timeout grows with --compile and the world size (bench/launch/run.py, default_timeout)
 
 def _cfg(world=1, compile=False, warmup=10, steps=10, windows=5):
-    from bench.config import RunConfig
+    from bench.core.config import RunConfig
+
     return RunConfig(backend="ddp", launcher="torchrun", world_size=world, device_type="cuda", model="resnet50",
                      image_size=224, batch_size=32, warmup=warmup, steps=steps, windows=windows,
                      options={"compile": True} if compile else {})
@@ -100,12 +106,14 @@ def _cfg(world=1, compile=False, warmup=10, steps=10, windows=5):
 ])
 def test_default_timeout_grows_with_compile_and_world_size(world, compile, expected):
     from bench import launch
+
     assert launch.default_timeout(_cfg(world, compile)) == expected
 
 
 def test_default_timeout_adds_the_rendezvous_wait_of_several_nodes():
     from bench import launch
-    from bench.config import Nodes
+    from bench.core.config import Nodes
+
     nodes = Nodes(nnodes=2, node_rank=0, endpoint="h:1", rdzv_id="x", join_timeout=300, hosts=None, local_addr=None)
     assert launch.default_timeout(_cfg(16), nodes) == 180 + 300 + 30 + 80 + 5 * 60
 
@@ -123,12 +131,13 @@ def _rec(world_size, device_type="cuda", gpu=H100, cpus=16):
 
 
 def test_baseline_name_from_records_keys_on_model_and_world_size():
-    from bench import baseline
+    from bench.commands import baseline
+
     eight = [_rec(n) for n in (1, 2, 4, 8)]
     assert baseline.default_name(eight) == "NVIDIA-H100-80GB-HBM3-x8"
     assert baseline.default_name(eight[:2]) == "NVIDIA-H100-80GB-HBM3-x2"
     assert baseline.default_name([_rec(2, "cpu", cpus=4)]) == "CPU-Test-CPU-3.00GHz-4cores-x2"
-    with pytest.raises(baseline.BadInput) as e:
+    with pytest.raises(UsageError) as e:
         baseline.default_name([_rec(1, "cpu", cpus=4), _rec(1, "cpu", cpus=8)])
     assert str(e.value) == "the records come from CPUs with 4, 8 cores; give --name"
 
@@ -148,9 +157,10 @@ def name(capsys, *argv):
 
 
 def test_machine_baseline_name_is_the_name_of_the_sweep_it_would_run(six_h100, capsys, tmp_path):
-    from bench import baseline
-    # GPUS=all on 6 GPUs sweeps 1, 2, 4, 6 (cli.world_sizes): the records of that sweep get the same name
-    sweep = cli.world_sizes(None, "all", "cuda", 6)
+    from bench.commands import baseline
+
+    # GPUS=all on 6 GPUs sweeps 1, 2, 4, 6 (world_sizes): the records of that sweep get the same name
+    sweep = world_sizes(None, "all", "cuda", 6)
     assert sweep == [1, 2, 4, 6] and baseline.default_name([_rec(n) for n in sweep]) == "NVIDIA-H100-80GB-HBM3-x6"
     assert name(capsys, "--dir", str(tmp_path)) == (0, "NVIDIA-H100-80GB-HBM3-x6\n", "")
     assert name(capsys, "--max-gpus", "2", "--dir", str(tmp_path)) == (0, "NVIDIA-H100-80GB-HBM3-x2\n", "")

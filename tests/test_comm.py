@@ -6,8 +6,10 @@ import json
 import pytest
 import torch
 
-from bench import cli, energy, flops, predict
-from bench.report import comm
+from bench import cli
+from bench.commands import _comm as predict
+from bench.commands.report import comm
+from bench.rank import energy, flops
 from tests.conftest import bench, cli_error
 
 GiB = 2 ** 30
@@ -123,7 +125,7 @@ def test_predict_without_inputs_is_bad_input(tmp_path, capsys):
 
 
 def test_report_sections_for_communication_hardware_collectives_and_prediction(tmp_path, capsys):
-    from bench import report
+    from bench.commands import report
     from tests.test_report import make, write
 
     co = lambda thr: [64 * 2 * 10 / thr] * 3  # noqa: E731 - windows at a given global img/s, 2 GPUs

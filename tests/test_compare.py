@@ -12,7 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from bench import baseline, cli, results
+from bench import cli
+from bench.commands import baseline
+from bench.core import results
 from tests.conftest import REPO, bench
 
 A100, H100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
@@ -482,10 +484,10 @@ def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path, capsys):
 
 def test_within_run_interval_is_scipy_s_percentile_bootstrap_to_the_bit_and_ranks_need_no_scipy():
     """median_ci95 resamples and interpolates as scipy.stats.bootstrap(method="percentile") does, without importing
-    scipy (2 s of CPU in every rank that imports bench.stats)."""
+    scipy (2 s of CPU in every rank that imports bench.core.stats)."""
     from scipy import stats as sp
 
-    from bench.stats import N_RESAMPLES, _quantile_linear, median_ci95
+    from bench.core.stats import N_RESAMPLES, _quantile_linear, median_ci95
 
     rng = np.random.default_rng(3)
     samples = [[10.0, 12.0], [5.0, 5.0, 6.0], list(np.round(rng.lognormal(0, 0.3, 7) * 100, 1))]

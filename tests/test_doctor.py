@@ -4,16 +4,16 @@ import pytest
 import torch
 
 import backends
-from bench import doctor
+from bench.commands import doctor
 from tests.conftest import cli_error
 
 GiB = 2 ** 30
 
 
 def fake_cuda(monkeypatch, n):
-    from bench import cli
+    from bench.commands import _plan  # the planner bench run and bench doctor share
 
-    monkeypatch.setattr(cli, "detect_device", lambda requested: ("cuda", n))
+    monkeypatch.setattr(_plan, "detect_device", lambda requested: ("cuda", n))
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
@@ -100,7 +100,8 @@ def test_junit_summary(tmp_path):
 
 def test_runs_that_no_longer_fit_the_budget_are_listed_not_launched(monkeypatch, tmp_path, capsys):
     """The sweep loop itself, with a fake clock and launcher: the budget decides what runs."""
-    from bench import cli, launch, results
+    from bench import cli, launch
+    from bench.core import results
 
     fake_cuda(monkeypatch, 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import REPO, TINY, records, bench_inproc
+from tests.conftest import REPO, TINY, bench_inproc, records
 from tests.test_harness import _assert_ok_record
 
 
@@ -158,9 +158,9 @@ def test_a_port_retry_does_not_hide_the_real_failure(results_dir):
 
 
 def test_out_of_memory_is_found_under_a_long_tail_of_collateral_errors():
-    from bench.config import RunConfig
-    from bench.launch import failure_reason
-    from bench.worker import OOM_MARKER
+    from bench.core.config import RunConfig
+    from bench.core.markers import OOM_MARKER
+    from bench.launch.diagnose import failure_reason
 
     cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=8, device_type="cuda", model="resnet50",
                     image_size=224, batch_size=256, warmup=1, steps=1, windows=1)
@@ -179,21 +179,21 @@ def test_out_of_memory_is_found_under_a_long_tail_of_collateral_errors():
 def test_an_allocation_failure_under_a_heap_budget_is_out_of_memory(monkeypatch):
     """--memory-limit-gib: whichever library reports the failed allocation (oneDNN says only that it could not create
     or execute a primitive), it is the budget's doing; without a budget such an error stays a failure."""
-    from bench import worker
+    from bench.rank import memory
 
     unrelated = RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)")
-    monkeypatch.setattr(worker, "_MEMORY_LIMIT", None)
-    assert not worker._is_oom(RuntimeError("could not create a primitive"))
-    assert worker._is_oom(torch_oom()) and worker._is_oom(MemoryError())
-    monkeypatch.setattr(worker, "_MEMORY_LIMIT", 2 * 2 ** 30)
-    monkeypatch.setattr(worker, "_data_bytes", lambda: 2 ** 30)  # half the budget in use
+    monkeypatch.setattr(memory, "_MEMORY_LIMIT", None)
+    assert not memory.is_oom(RuntimeError("could not create a primitive"))
+    assert memory.is_oom(torch_oom()) and memory.is_oom(MemoryError())
+    monkeypatch.setattr(memory, "_MEMORY_LIMIT", 2 * 2 ** 30)
+    monkeypatch.setattr(memory, "_data_bytes", lambda: 2 ** 30)  # half the budget in use
     for message in ("could not create a primitive", "could not execute a primitive", "std::bad_alloc",
                     "DefaultCPUAllocator: can't allocate memory: you tried to allocate 4096 bytes",
                     "[enforce fail at alloc_cpu.cpp:117] err == 0. Cannot allocate memory"):
-        assert worker._is_oom(RuntimeError(message)), message
-    assert not worker._is_oom(unrelated)
-    monkeypatch.setattr(worker, "_data_bytes", lambda: int(1.95 * 2 ** 30))  # the heap is at the budget
-    assert worker._is_oom(unrelated)
+        assert memory.is_oom(RuntimeError(message)), message
+    assert not memory.is_oom(unrelated)
+    monkeypatch.setattr(memory, "_data_bytes", lambda: int(1.95 * 2 ** 30))  # the heap is at the budget
+    assert memory.is_oom(unrelated)
 
 
 def torch_oom():
@@ -205,17 +205,18 @@ def torch_oom():
 def test_ranks_that_outlive_their_launcher_in_a_session_of_their_own_are_killed(tmp_path):
     """torchrun and horovodrun start ranks in sessions of their own: a process-group kill misses them, and once the
     launcher has exited they are reparented to init. The run's tag in their environment still finds them."""
-    from bench import launch
+    from bench.core.markers import RUN_TAG
+    from bench.launch import tree
 
     tag = f"test-orphan-{os.getpid()}-{time.monotonic_ns()}"
     launcher = ("import subprocess, sys\n"
                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n")
-    rc, timed_out = launch._run_group([sys.executable, "-c", launcher], {**os.environ, launch.RUN_TAG: tag},
-                                      tmp_path / "run.log", timeout=60)
+    rc, timed_out = tree.run_group([sys.executable, "-c", launcher], {**os.environ, RUN_TAG: tag},
+                                   tmp_path / "run.log", timeout=60)
     assert (rc, timed_out) == (0, False)
     deadline = time.monotonic() + 10
-    left = [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(launch.RUN_TAG) == tag]
+    left = [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(RUN_TAG) == tag]
     while left and time.monotonic() < deadline:
-        left = [p for p in left if launch._alive(p)]
+        left = [p for p in left if tree._alive(p)]
         time.sleep(0.2)
     assert not left, f"left running: {left}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from backends import horovod as hvd_backend
-from bench.faults import BLOAT_BYTES
+from bench.rank.faults import BLOAT_BYTES
 from tests.conftest import bench, records
 
 GPU_RUN = ["--device", "cuda", "--model", "resnet18", "--image-size", "64", "--batch-size", "16",
@@ -58,7 +58,7 @@ def test_memory_is_read_from_the_allocator_and_nvml_after_warmup(one_gpu_sweep):
 
 @one_gpu
 def test_energy_flops_and_mfu_on_one_gpu(one_gpu_sweep):
-    from bench import flops
+    from bench.rank import flops
 
     for (backend, precision), rec in one_gpu_sweep.items():
         # NVML's energy counter read around each window (Volta and newer)
@@ -113,7 +113,7 @@ def test_horovod_on_one_gpu(results_dir):
 def test_dataparallel_replicas_run_the_recorded_dtype(precision, dtype):
     """parallel_apply re-enters autocast without a dtype in each replica thread; the wrapper must win."""
     import backends
-    from bench.config import RunConfig
+    from bench.core.config import RunConfig
 
     cfg = RunConfig(backend="dp", launcher="inproc", world_size=2, device_type="cuda", model="resnet18",
                     image_size=64, batch_size=4, warmup=2, steps=1, windows=1, precision=precision).validate()
@@ -257,8 +257,8 @@ def test_syncbatchnorm_at_two_ranks(results_dir):
 @two_gpus
 def test_dataparallel_energy_is_summed_over_its_gpus(results_dir):
     import backends
-    from bench.config import RunConfig
-    from bench.energy import EnergyMeter
+    from bench.core.config import RunConfig
+    from bench.rank.energy import EnergyMeter
 
     cfg = RunConfig(backend="dp", launcher="inproc", world_size=2, device_type="cuda", model="resnet18",
                     image_size=64, batch_size=4, warmup=2, steps=1, windows=1).validate()

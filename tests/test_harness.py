@@ -4,10 +4,10 @@ import statistics
 
 import pytest
 
-from bench import results
-from bench.cli import world_sizes
-from bench.worker import build_record
-from tests.conftest import TINY, TINY_STEPS, TINY_WINDOWS, bench, cli_error, records, bench_inproc
+from bench.commands._plan import world_sizes
+from bench.core import results
+from bench.rank.record import build_record
+from tests.conftest import TINY, TINY_STEPS, TINY_WINDOWS, bench, bench_inproc, cli_error, records
 
 
 def _only_record(directory):
@@ -32,7 +32,7 @@ def _assert_ok_record(rec, backend, launcher, world_size):
     assert all(0 < b for b in rec["host_peak_rss_bytes"] + rec["warmup_host_peak_rss_bytes"])
     assert rec["skipped_steps"] is None and rec["warmup_skipped_steps"] is None  # no GradScaler in fp32
     # FLOPs are counted for every record; MFU and energy are GPU figures, empty on CPU with the reason
-    from bench.flops import flops_per_sample
+    from bench.rank.flops import flops_per_sample
 
     assert rec["flops_per_sample"] == pytest.approx(flops_per_sample("resnet18", 32))
     assert rec["mfu"] is None and rec["peak_tflops_source"] == "no GPU: MFU is for GPUs"
@@ -159,7 +159,7 @@ def test_load_skips_bad_files_with_one_warning_each(tmp_path):
 def test_window_is_the_slowest_rank_and_throughput_the_median():
     cfg_dict = {"backend": "ddp", "launcher": "torchrun", "world_size": 2, "device_type": "cpu", "model": "m",
                 "image_size": 8, "batch_size": 4, "warmup": 0, "steps": 5, "windows": 3, "precision": "fp32"}
-    from bench.config import RunConfig
+    from bench.core.config import RunConfig
 
     cfg = RunConfig.from_dict(cfg_dict)
     per_rank = [
@@ -168,12 +168,13 @@ def test_window_is_the_slowest_rank_and_throughput_the_median():
         {"window_seconds": [1.5, 1.0, 1.0], "memory": [], "param_sha256": "a", "host_peak_rss_bytes": 2,
          "data_wait_seconds": None, "corrupt_images_skipped": None},
     ]
-    rec = build_record(cfg, {"run_id": "r", "env": {}, "threads_per_rank": 1}, per_rank)
+    rec = build_record(cfg, {"run_id": "r", "env": {}, "threads_per_rank": 1}, per_rank, settle_steps=1)
     assert rec["window_seconds"] == [1.5, 2.0, 1.0]
     assert rec["throughput"] == pytest.approx(40 / 1.5)  # 8 samples x 5 steps over the median window
     assert rec["replicas_consistent"] is True
     per_rank[1]["param_sha256"] = "b"
-    assert build_record(cfg, {"run_id": "r", "env": {}, "threads_per_rank": 1}, per_rank)["replicas_consistent"] is False
+    spec = {"run_id": "r", "env": {}, "threads_per_rank": 1}
+    assert build_record(cfg, spec, per_rank, settle_steps=1)["replicas_consistent"] is False
 
 
 def test_world_sizes_sweep_powers_of_two_and_the_top():
@@ -227,7 +228,7 @@ def test_models_with_auxiliary_heads_train_every_parameter(model):
     import torch
 
     from backends.base import build_model
-    from bench.config import RunConfig
+    from bench.core.config import RunConfig
 
     cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=1, device_type="cpu", model=model,
                     image_size=80, batch_size=2, warmup=0, steps=1, windows=1)
@@ -243,7 +244,7 @@ def test_dp_on_cpu_runs_the_bare_module():
     import torch
 
     import backends
-    from bench.config import RunConfig
+    from bench.core.config import RunConfig
 
     cfg = RunConfig(backend="dp", launcher="inproc", world_size=1, device_type="cpu", model="resnet18",
                     image_size=32, batch_size=2, warmup=0, steps=1, windows=1)
@@ -257,12 +258,28 @@ def test_threads_per_rank_come_from_the_cores_this_job_may_use(monkeypatch):
     job's; ranks x threads must fit the job's cores, or OpenMP's spinning threads oversubscribe them."""
     import os
 
-    from bench import config, launch
-    from bench.config import RunConfig
+    from bench import launch
+    from bench.core import devices
+    from bench.core.config import RunConfig
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
-    assert config.usable_cpus() == 4
+    assert devices.usable_cpus() == 4
     cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=2, device_type="cpu", model="resnet18",
                     image_size=32, batch_size=2, warmup=2, steps=2, windows=3)
     assert launch.threads_per_rank(cfg) == 2
+
+
+def test_one_flag_name_per_idea_no_prefix_guessing_and_old_spellings_kept(capsys):
+    """--gpus is the world sizes in every subcommand; a prefix is never taken for a longer flag (predict --gpus 4,8 was
+    read as --gpus-per-node and failed with "invalid int value: '4,8'"); the old spellings still parse."""
+    from bench.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["predict", "--gpus", "4,8"]).gpus == "4,8"
+    assert parser.parse_args(["predict", "--world-sizes", "4,8"]).gpus == "4,8"
+    assert parser.parse_args(["predict", "--gpus-per-node", "8", "--inter-node-gbps", "400"]).gpus_per_node == 8
+    assert parser.parse_args(["loader", "--data-dir", "x", "--gpus", "2"]).ranks == 2
+    assert parser.parse_args(["loader", "--data-dir", "x", "--ranks", "2"]).ranks == 2
+    code, err = cli_error(capsys, "run", "--back", "ddp", "--device", "cpu")
+    assert code == 2 and err == "bench: error: unrecognized arguments: --back ddp (see python -m bench --help)\n"

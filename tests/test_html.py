@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import report
+from bench.commands import report
 from tests import chromium
-from tests.test_report import GiB, HVD, make, run_report, write
+from tests.test_report import HVD, GiB, make, run_report, write
 
 DP_MEM = [20 * GiB, 12 * GiB, 12 * GiB, 12 * GiB]
 

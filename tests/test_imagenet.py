@@ -4,8 +4,8 @@ import random
 import pytest
 from PIL import Image
 
-from bench import data
-from tests.conftest import bench, cli_error, records, bench_inproc
+from bench.rank import data
+from tests.conftest import bench, bench_inproc, cli_error, records
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
 SMALL = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "4", "--workers", "0",

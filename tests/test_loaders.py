@@ -9,8 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from bench import data, folders, loaders, report, results
-from tests.conftest import cli_error, records, bench_inproc
+from bench.commands import report
+from bench.core import results
+from bench.rank import data, folders, loaders
+from tests.conftest import bench_inproc, cli_error, records
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
 EMPTY, LINKED = "n09999999", "n05555555"
@@ -241,19 +243,23 @@ def test_bench_loader_bad_choice(tree, capsys):
     assert code == 2 and err == "bench: error: unknown loader ffcv; choose from torchvision, dali or all\n"
 
 
-def test_missing_dali_skips_the_run_with_the_fix(monkeypatch):
+def test_missing_dali_skips_the_run_with_the_fix(monkeypatch, tmp_path):
     import importlib.util
 
     import backends
-    from bench.config import RunConfig
+    from bench import launch
+    from bench.commands._plan import loader_unavailable
+    from bench.core.config import RunConfig
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n.startswith("nvidia") else real(n, *a))
     cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=2, device_type="cpu", model="resnet18",
                     image_size=32, batch_size=4, warmup=2, steps=2, windows=2, data="imagenet", data_dir="x",
                     loader="dali").validate()
-    assert backends.create("ddp").unavailable(cfg) == ("NVIDIA DALI is not installed (pip install nvidia-dali-cuda130 "
-                                                       "(make install does, on Linux x86_64 and aarch64))")
+    why = "NVIDIA DALI is not installed (pip install nvidia-dali-cuda130 (make install does, on Linux x86_64 and aarch64))"
+    assert loader_unavailable(cfg) == why  # the planner asks the loader registry, before the backend
+    rec = launch.run_one(cfg, tmp_path, {}, backends.create("ddp"), unavailable=loader_unavailable(cfg))
+    assert (rec["status"], rec["reason"]) == ("skipped", why) and not (tmp_path / "logs").exists()  # nothing launched
     assert loaders.unavailable("torchvision") is None
 
 
@@ -289,7 +295,7 @@ def test_gpu_decode_run(tree, results_dir, loader):
 # Issue 24: DALI's shuffle and copy, DALI's build, bench loader's device, the GPU decoder, real-data memory
 
 def test_dali_reader_is_shuffled_from_the_first_batch_and_every_rank_sees_every_class(tree):
-    from bench.loaders import dali
+    from bench.rank.loaders import dali
 
     files = [f"f{i}" for i in range(10)]
     kw = [dali.reader_kwargs(files, r, 2, seed=0) for r in (0, 1)]
@@ -308,7 +314,7 @@ def test_dali_reader_is_shuffled_from_the_first_batch_and_every_rank_sees_every_
 
 
 def test_dali_decode_cpu_on_a_gpu_copies_to_the_rank_gpu_in_the_pipeline():
-    from bench.loaders import dali
+    from bench.rank.loaders import dali
 
     assert dali.pipeline_devices("cpu", "cuda:3") == {"device_id": 3, "decoder": "cpu", "to_gpu": True}
     assert dali.pipeline_devices("gpu", "cuda:1") == {"device_id": 1, "decoder": "mixed", "to_gpu": False}
@@ -350,7 +356,7 @@ def test_missing_dali_names_the_build_for_torch_cuda(monkeypatch):
 
 
 def test_bench_loader_rank_sets_its_gpu_before_building_the_loader(monkeypatch):
-    from bench import ceiling
+    from bench.rank import loader as ceiling
 
     calls = []
 
@@ -376,7 +382,7 @@ def test_bench_loader_rank_sets_its_gpu_before_building_the_loader(monkeypatch):
     monkeypatch.setattr(loaders, "build", lambda *a, **kw: calls.append(("build", str(kw["device"]))))
     monkeypatch.setattr(data, "TimedBatches", Timed)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    ceiling._rank(Queue(), Barrier(), "torchvision", "cpu", "x", 32, 4, 1, 1, 2, "cuda", 1, 1)
+    ceiling.measure_rank(Queue(), Barrier(), "torchvision", "cpu", "x", 32, 4, 1, 1, 2, "cuda", 1, 1)
     assert calls[:3] == [("set_device", "cuda:1"), ("build", "cuda:1"), ("timed", "cuda:1")]
     assert calls[3][0] == "put" and calls[3][1][0] == 1 and isinstance(calls[3][1][1], dict)
 
@@ -430,7 +436,7 @@ def test_loader_settings_are_recorded_and_shown_in_the_report(tmp_path):
     ran with (loader_info) and the report shows it beside the input-bound verdict."""
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from bench.data import TimedBatches
+    from bench.rank.data import TimedBatches
     from tests.test_report import make, run_report
 
     dataset = TensorDataset(torch.zeros(8, 3, 4, 4), torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64))

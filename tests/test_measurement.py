@@ -6,12 +6,12 @@ import threading
 import pytest
 import torch
 
-from bench import cli, data
-from bench.config import RunConfig
-from bench.faults import BLOAT_BYTES
-from bench.worker import skips
-
-from tests.conftest import TINY, records, bench_inproc
+from bench.commands import _plan as cli
+from bench.core.config import RunConfig
+from bench.rank import data
+from bench.rank.faults import BLOAT_BYTES
+from bench.rank.train import skips
+from tests.conftest import TINY, bench_inproc, records
 
 MiB = 2 ** 20
 
@@ -79,7 +79,7 @@ def test_interleave_runs_every_configuration_before_repeating():
 
 def _plan(monkeypatch, *argv, device=("cuda", 4)):
     monkeypatch.setattr(cli, "detect_device", lambda requested: device)
-    args = cli.build_parser().parse_args(["run", *argv])
+    args = cli.parse_run(list(argv))
     configs, _ = cli.plan(args)
     return [(c.backend, c.world_size, c.precision, c.cudnn_benchmark) for c in configs]
 

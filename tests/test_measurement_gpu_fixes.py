@@ -19,8 +19,8 @@ def _collectives_rank(rank, world, port, out_dir, free_by_rank):
     (op, size) pairs it timed to out_dir/rank{rank}.json."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from bench import collectives
-    from bench.config import RunConfig
+    from bench.rank import collectives
+    from bench.core.config import RunConfig
 
     collectives._free_bytes = lambda device: free_by_rank[rank]
     ran, timed = [], collectives._time
@@ -43,12 +43,13 @@ def _collectives_rank(rank, world, port, out_dir, free_by_rank):
 def test_collectives_ranks_agree_on_the_sizes_the_tightest_rank_fits(tmp_path):
     import torch.multiprocessing as mp
 
-    from bench import collectives, launch
+    from bench.launch.run import free_port
+    from bench.rank import collectives
 
     # rank 1 has room for a 64 KiB all_gather but not a 64 KiB all_reduce; rank 0 has room for everything
     tight = collectives._needs("all_gather", 65536, 2)
     assert collectives._needs("all_reduce", 65536, 2) > tight
-    ctx = mp.start_processes(_collectives_rank, args=(2, launch.free_port(), str(tmp_path), [GiB, tight]),
+    ctx = mp.start_processes(_collectives_rank, args=(2, free_port(), str(tmp_path), [GiB, tight]),
                              nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 90
     try:
@@ -71,7 +72,7 @@ def test_collectives_ranks_agree_on_the_sizes_the_tightest_rank_fits(tmp_path):
 # -- 5. collectives: timed as nccl-tests does -------------------------------------------------------------
 
 def test_collectives_time_iters_back_to_back_between_one_sync():
-    from bench import collectives
+    from bench.rank import collectives
 
     log, ticks = [], iter([10.0, 10.8])
 
@@ -86,7 +87,7 @@ def test_collectives_time_iters_back_to_back_between_one_sync():
 
 
 def test_collectives_gpu_range_reaches_1_gib():
-    from bench import collectives
+    from bench.commands import collectives
 
     lo, hi = map(collectives.parse_size, collectives.DEFAULT_RANGE["cuda"])
     assert collectives.sizes(lo, hi)[-1] >= GiB
@@ -136,16 +137,16 @@ class _TimedBackend:
 def test_energy_per_image_and_watts_come_from_the_whole_span_not_the_windows(monkeypatch):
     from types import SimpleNamespace
 
-    from bench import worker
+    from bench.rank import record, train
 
     clock = _Clock()
-    monkeypatch.setattr(worker, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(train, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     cfg = SimpleNamespace(windows=12, steps=10)  # 10 steps of 12 ms: 0.12 s windows, 2 or 3 counter updates each
-    timed = worker.windows(_TimedBackend(clock, 0.012), cfg, lambda: None, _SteppedMeter(clock, 300.0), False)
+    timed = train.windows(_TimedBackend(clock, 0.012), cfg, lambda: None, _SteppedMeter(clock, 300.0), False)
     rank = {"energy_joules": timed["energy"], "energy_span_joules": timed["energy_span"][0],
             "energy_span_seconds": timed["energy_span"][1], "energy_reason": None}
     samples_per_window = 64 * 10
-    out = worker.energy_fields([rank, dict(rank)], timed["seconds"], samples_per_window,
+    out = record.energy_fields([rank, dict(rank)], timed["seconds"], samples_per_window,
                                samples_per_window * cfg.windows)  # two ranks, one GPU each, 300 W apiece
     true_watts, true_j_per_image = 600.0, 600.0 * 0.12 / samples_per_window
     assert timed["energy_span"][1] == pytest.approx(12 * 0.12 + 11 * 0.001)
@@ -161,11 +162,11 @@ def test_energy_per_image_and_watts_come_from_the_whole_span_not_the_windows(mon
 
 
 def test_energy_fields_without_nvml_are_empty_with_the_reason():
-    from bench import worker
+    from bench.rank import record
 
     rank = {"energy_joules": [None, None], "energy_span_joules": None, "energy_span_seconds": 1.0,
             "energy_reason": "no GPU"}
-    assert worker.energy_fields([rank], [0.5, 0.5], 10, 20) == {
+    assert record.energy_fields([rank], [0.5, 0.5], 10, 20) == {
         "energy_total_joules": None, "energy_span_seconds": None, "energy_reason": "no GPU",
         "joules_per_image": None, "mean_watts": None, "energy_window_diagnostic": None}
 
@@ -175,7 +176,7 @@ def test_energy_fields_without_nvml_are_empty_with_the_reason():
 def test_energy_on_one_gpu_over_a_span_the_counter_resolves(tmp_path):
     """Replaces test_gpu.py's watts-on-10-ms-windows check: the span here lasts over a second (NVML's counter
     moves every 20-100 ms), and the figures are read off that span."""
-    from tests.conftest import records, bench_inproc
+    from tests.conftest import bench_inproc, records
 
     proc = bench_inproc("run", "--backends", "single", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
                         "--image-size", "224", "--batch-size", "64", "--warmup", "3", "--steps", "40", "--windows", "3",
@@ -195,7 +196,7 @@ def test_energy_on_one_gpu_over_a_span_the_counter_resolves(tmp_path):
 # -- 7 and channels-last: dp refuses the knobs it cannot honour --------------------------------------------
 
 def _cfg(**kw):
-    from bench.config import RunConfig
+    from bench.core.config import RunConfig
 
     base = dict(backend="dp", launcher="inproc", world_size=2, device_type="cuda", model="resnet18", image_size=32,
                 batch_size=2, warmup=3, steps=2, windows=3)
@@ -229,7 +230,7 @@ def test_dp_refuses_compile_and_channels_last_with_the_reason(options, reason):
     ("NVIDIA H100 PCIe", "bf16", 756.5, "(PCIe)"),
 ])
 def test_peak_table_matches_nvl_before_sxm(name, precision, peak, form):
-    from bench import flops
+    from bench.rank import flops
 
     value, source = flops.peak_tflops(name, precision)
     assert value == peak and source.endswith(f"datasheet {form}, dense")
@@ -271,7 +272,7 @@ def test_evaluation_runs_one_untimed_eval_mode_forward_before_the_clock(monkeypa
 
     from torch.utils.data import TensorDataset
 
-    from bench import evaluate as ev
+    from bench.rank import evaluate as ev
 
     torch.manual_seed(1)
     data = TensorDataset(torch.randn(10, 3, 2, 2), torch.randint(0, 5, (10,)))
@@ -295,7 +296,7 @@ def test_evaluation_runs_one_untimed_eval_mode_forward_before_the_clock(monkeypa
 # -- 10. DataParallel's memory imbalance comes from its cudnn.benchmark-off run ------------------------------
 
 def test_dp_memory_imbalance_is_reported_from_the_cudnn_off_run(tmp_path, capsys):
-    from bench.report.summary import summarise, usable_records
+    from bench.commands.report.summary import summarise, usable_records
     from tests.test_report import make, run_report, write
 
     raw = write(tmp_path, make("single", 1, 100.0),

@@ -2,7 +2,7 @@
 a rich bar with the count, the ETA, the current run and the last result on a terminal."""
 import io
 
-from bench.progress import Sweep
+from bench.commands._progress import Sweep
 
 
 class Terminal(io.StringIO):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from bench.evaluate import exact_shard
-from tests.conftest import bench, cli_error, bench_inproc
+from bench.rank.evaluate import exact_shard
+from tests.conftest import bench, bench_inproc, cli_error
 
 # Small and quick: what matters is that the arithmetic is compared, not how long it trains.
 QUICK = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--steps", "6",
@@ -81,8 +81,8 @@ def test_deepspeed_half_precision_trains_evaluates_and_verify_says_why_it_has_no
     """DeepSpeed 0.19 casts parameters to bf16 but keeps BatchNorm's running statistics fp32, which BatchNorm
     refuses: every fp16/bf16 run failed until the backend gave the statistics their layer's dtype; evaluation
     feeds the model its input dtype."""
-    from bench import verify
     from bench.cli import build_parser
+    from bench.commands import verify
     from tests.conftest import TINY, records
 
     proc = bench_inproc("run", "--backends", "ds_zero3", "--gpus", 2, *TINY, "--precision", "bf16", "--eval",

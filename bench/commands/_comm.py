@@ -1,0 +1,94 @@
+"""The DDP scaling model ``bench predict`` prints and the report's prediction section shows (bench/commands/predict.py
+says what it assumes): all-reduce time from the measured bus-bandwidth curve, the step's bounds with and without
+overlap, and the inputs read from a results directory."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def busbw_at(curve: list[tuple[int, float]], size: int) -> float:
+    """Bus bandwidth (GB/s) for a message of ``size`` bytes, log-linear between measured sizes, clamped at the
+    ends."""
+    pts = sorted(curve)
+    if size <= pts[0][0]:
+        return pts[0][1]
+    if size >= pts[-1][0]:
+        return pts[-1][1]
+    for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+        if s0 <= size <= s1:
+            w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return b0 + w * (b1 - b0)
+    raise AssertionError("unreachable")
+
+
+def allreduce_seconds(grad_bytes: int, n: int, curve, bucket_bytes: int, gpus_per_node: int | None = None,
+                      inter_node_gbps: float | None = None) -> float:
+    """Time to all-reduce ``grad_bytes`` in buckets on n ranks (one node, or M nodes of G with a network)."""
+    if n <= 1:
+        return 0.0
+    full, last = divmod(grad_bytes, bucket_bytes)
+    buckets = [bucket_bytes] * full + ([last] if last else [])
+    g = gpus_per_node or n
+    if n <= g or not inter_node_gbps:
+        return sum(b * 2 * (n - 1) / n / (busbw_at(curve, b) * 1e9) for b in buckets)
+    m = math.ceil(n / g)
+    inter = inter_node_gbps / 8 * 1e9  # bytes/s
+    return sum(b * 2 * (g - 1) / g / (busbw_at(curve, b) * 1e9) + (b / g) * 2 * (m - 1) / m / inter for b in buckets)
+
+
+def predict(t_compute: float, grad_bytes: int, n: int, curve, bucket_bytes: int, gpus_per_node=None,
+            inter_node_gbps=None) -> dict:
+    t_ar = allreduce_seconds(grad_bytes, n, curve, bucket_bytes, gpus_per_node, inter_node_gbps)
+    no_overlap, full_overlap = t_compute + t_ar, max(t_compute, t_ar)
+    return {"world_size": n, "t_compute": t_compute, "t_allreduce": t_ar, "step_no_overlap": no_overlap,
+            "step_full_overlap": full_overlap, "efficiency_low": t_compute / no_overlap,
+            "efficiency_high": t_compute / full_overlap}
+
+
+def inputs(results_dir: Path, warn) -> list[dict]:
+    """One prediction input per (hardware, workload, precision): t_c from single@1, the gradient size, the curve
+    of the matching device type, and the measured efficiencies of every backend at every N."""
+    from bench.core import comm, results, stats
+    from bench.rank import flops
+
+    recs = [r for r in results.load(results_dir, warn=warn) if r["status"] == "ok"]
+    curves = {}
+    for c in comm.load(results_dir, warn):
+        if c["backend"] != "ddp":
+            continue
+        points = [(r["bytes"], r["busbw_gbps"]) for r in c["results"] if r["op"] == "all_reduce"]
+        best = curves.get(c["device_type"])
+        if points and (best is None or c["world_size"] >= best[0]):
+            curves[c["device_type"]] = (c["world_size"], points)
+    fields = ("model", "image_size", "precision", "batch_per_device", "data", "device_type")
+    keys = {tuple(r[k] for k in fields) + (results.hardware(r),): r for r in recs
+            if r["backend"] == "single" and r["world_size"] == 1 and r["device_type"] in curves}
+    out = []
+    for *values, hw in keys:
+        key = dict(zip(fields, values))
+        same = [x for x in recs if all(x[k] == v for k, v in key.items())
+                and results.hardware(x) == hw and not x.get("options")]
+        thr = stats.summarise_runs([stats.record_throughputs(x) for x in same if x["backend"] == "single"])["median"]
+        measured = {}
+        for x in same:
+            if x["backend"] != "single":
+                measured.setdefault((x["backend"], x["world_size"]), []).append(stats.record_throughputs(x))
+        out.append({**key, "hardware": hw, "t_compute": key["batch_per_device"] / thr,
+                    "throughput_1": thr, "grad_bytes": 4 * flops.parameter_count(key["model"]),
+                    "curve_world_size": curves[key["device_type"]][0], "curve": curves[key["device_type"]][1],
+                    "measured": {k: stats.summarise_runs(v)["median"] for k, v in measured.items()}})
+    return out
+
+
+def rows(inp: dict, sizes: list[int], backend: str, bucket_mb: float, gpus_per_node=None, inter=None) -> list[dict]:
+    """Predictions for ``sizes`` and every N where ``backend`` was measured, with the measured efficiency."""
+    measured = {n: thr for (b, n), thr in inp["measured"].items() if b == backend}
+    out = []
+    for n in sorted(set(sizes) | set(measured)):
+        p = predict(inp["t_compute"], inp["grad_bytes"], n, inp["curve"], int(bucket_mb * 2 ** 20), gpus_per_node,
+                    inter)
+        thr = measured.get(n)
+        p["measured_efficiency"] = thr / (n * inp["throughput_1"]) if thr else None
+        out.append(p)
+    return out

@@ -1,0 +1,109 @@
+"""``bench run --find-max-batch``: the largest per-device batch each backend fits, by a bounded search of
+isolated runs (each its own process tree, so one out-of-memory never poisons the next probe).
+
+From the configured batch: double until a probe runs out of memory or the cap (``--max-batch``) is reached,
+halve instead if the first probe does not fit, then bisect between the largest batch that fitted and the
+smallest that did not until they are within 1/8 of each other. A probe is a short run (the backend's
+minimum warm-up, one timed step); it "fits" when it finishes ok and "does not fit" when it fails with out of
+memory; any other failure ends that configuration's search with the reason.
+
+On GPUs the device's memory decides. On CPU nothing runs out below the cap unless ``--memory-limit-gib G``
+gives every rank a heap budget (RLIMIT_DATA at its size after start-up + G GiB), the CPU stand-in for a
+GPU's memory: sharded backends then fit larger batches, for the same reason they do on GPUs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+OOM = "out of memory"
+RESOLUTION = 8  # bisect until hi - lo <= lo / RESOLUTION
+
+
+def search(cfg, probe, cap: int) -> dict:
+    """Find the largest batch that fits. ``probe(batch)`` returns a record; ``cap`` bounds the doubling."""
+    tried = []
+
+    def fits(batch: int) -> bool | None:
+        rec = probe(batch)
+        status = "fits" if rec["status"] == "ok" else OOM if str(rec.get("reason", "")).startswith(OOM) else "error"
+        tried.append({"batch": batch, "result": status, "run_id": rec["run_id"], "reason": rec.get("reason"),
+                      "memory": rec.get("memory"), "host_peak_rss_bytes": rec.get("host_peak_rss_bytes")})
+        return {"fits": True, OOM: False}.get(status)
+
+    lo, hi, batch = 0, None, min(cfg.batch_size, cap)
+    while True:
+        ok = fits(batch)
+        if ok is None:
+            return _result(cfg, tried, None, capped=False, error=tried[-1]["reason"])
+        if ok:
+            lo = batch
+            if batch >= cap:
+                return _result(cfg, tried, lo, capped=True)
+            if hi is not None:
+                break
+            batch = min(batch * 2, cap)
+        else:
+            hi = batch
+            if lo or batch == 1:
+                break
+            batch //= 2
+    while lo and hi - lo > max(1, lo // RESOLUTION):
+        mid = (lo + hi) // 2
+        ok = fits(mid)
+        if ok is None:
+            return _result(cfg, tried, lo, capped=False, error=tried[-1]["reason"])
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return _result(cfg, tried, lo or None, capped=False)
+
+
+def _result(cfg, tried, max_batch, capped, error=None) -> dict:
+    return {"backend": cfg.backend, "world_size": cfg.world_size, "precision": cfg.precision, "model": cfg.model,
+            "image_size": cfg.image_size, "device_type": cfg.device_type, "options": cfg.options,
+            "max_batch": max_batch, "capped": capped, "error": error, "probes": tried}
+
+
+def run(configs, results_dir: Path, env_meta: dict, cap: int, memory_limit_gib: float | None, say) -> list[dict]:
+    """Search every configuration; probe records go to RESULTS/maxbatch, and one summary file beside them."""
+    import backends
+    from bench import launch
+    from bench.commands._plan import loader_unavailable
+    from bench.core import results
+    from bench.core.config import MIN_WARMUP
+
+    out = results_dir / "maxbatch"
+    rows = []
+    for i, cfg in enumerate(configs, 1):
+        backend = backends.create(cfg.backend)
+        reason = loader_unavailable(cfg) or backend.unavailable(cfg)
+        if reason:
+            rows.append({**_result(cfg, [], None, capped=False), "skipped": reason})
+            say(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size}: skipped: {reason}")
+            continue
+        least = max(MIN_WARMUP, backend.min_warmup(cfg)[0])
+
+        def probe(batch, cfg=cfg, backend=backend, least=least):
+            short = dataclasses.replace(cfg, batch_size=batch, warmup=least, steps=1, windows=1, eval=False)
+            rec = launch.run_one(short, out, env_meta, backend, memory_limit_gib=memory_limit_gib)
+            say(f"    batch {batch}: {'fits' if rec['status'] == 'ok' else rec['reason'][:120]}")
+            return rec
+
+        say(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size} {cfg.precision}: searching from batch "
+            f"{cfg.batch_size} (cap {cap})")
+        row = search(cfg, probe, cap)
+        say(f"    max batch per device: {describe(row)}")
+        rows.append(row)
+    doc = {"schema": 1, "kind": "maxbatch", "created_at": results.utc_now(), "cap": cap,
+           "memory_limit_gib": memory_limit_gib, "env": env_meta, "rows": rows}
+    results.write_json_atomic(doc, out / f"summary-{results.new_run_id('maxbatch', len(rows))}.json")
+    return rows
+
+
+def describe(row: dict) -> str:
+    if row.get("skipped"):
+        return f"skipped: {row['skipped']}"
+    if row["error"]:
+        return f"error: {row['error']}" + (f" (fits {row['max_batch']})" if row["max_batch"] else "")
+    if row["max_batch"] is None:
+        return "not even batch 1 fits"
+    return f">= {row['max_batch']} (the cap; nothing ran out of memory)" if row["capped"] else str(row["max_batch"])

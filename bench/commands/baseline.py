@@ -1,0 +1,181 @@
+"""``python -m bench baseline save | name``: the stored baselines the regression gate compares against.
+
+A baseline is one JSON file, ``results/baselines/NAME.json``: ``{"schema", "name", "created_at", "source",
+"hardware", "configurations", "records"}`` with the ok records of a results directory. Every later CI run is
+judged against it, so an existing baseline is replaced only with ``--force``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bench.core.devices import usable_cpus
+from bench.core.errors import UsageError, warn
+
+BASELINE_DIR = "results/baselines"
+BASELINE_SCHEMA = 1
+
+
+def register(sub) -> None:
+    b = sub.add_parser("baseline", help="manage stored baselines for the regression gate (save, name)")
+    bsub = b.add_subparsers(dest="baseline_command", metavar="{save,name}", required=True)
+    s = bsub.add_parser(
+        "save", help="write the ok records of a results directory to results/baselines/NAME.json",
+        description="Write the ok records from DIR as one baseline file, atomically. An existing baseline is "
+                    "only replaced with --force: every later CI run is judged against it.")
+    s.add_argument("--from", dest="source", required=True, metavar="DIR", help="results directory (or file) to take records from")
+    s.add_argument("--name", help="baseline name (default: the hardware and largest world size of the records, "
+                                  "e.g. NVIDIA-H100-80GB-HBM3-x8)")
+    s.add_argument("--out-dir", default=BASELINE_DIR, help=f"where baselines live (default {BASELINE_DIR})")
+    s.add_argument("--latest", action="store_true", help="keep only the latest ok run of each configuration")
+    s.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
+    s.set_defaults(func=cmd_baseline_save)
+    n = bsub.add_parser("name", help="print the default baseline name: the hardware and the largest world size of "
+                                     "--from's records, or of the sweep bench run would do here (GPU model x count)")
+    n.add_argument("--from", dest="source", metavar="DIR", help="derive the name from these records' hardware")
+    n.add_argument("--gpus", help="the world sizes the sweep will run, as bench run --gpus (default: --max-gpus)")
+    n.add_argument("--max-gpus", help="the sweep's largest world size, as bench run --max-gpus (default all)")
+    n.add_argument("--dir", default=BASELINE_DIR,
+                   help=f"where baselines live (default {BASELINE_DIR}): a baseline stored under the name of "
+                        "earlier versions (the GPU model only) is printed when no file has the new name")
+    n.set_defaults(func=cmd_baseline_name)
+
+
+
+def slug(text: str) -> str:
+    """A file-name-safe baseline name: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA-H100-80GB-HBM3'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "unknown"
+
+
+def name_for(hardware: str, world_size: int, cpus: int | None = None) -> str:
+    """What changes the numbers: the device model, the largest world size of the sweep (GPUS=all runs 1..8 on
+    an 8-GPU runner, 1..2 on a 2-GPU one; the same model's 1-GPU numbers also differ with its neighbours),
+    and on the CPU the core count (threads per rank = cores / ranks):
+    'NVIDIA H100 80GB HBM3', 8 -> 'NVIDIA-H100-80GB-HBM3-x8'; 'CPU: Xeon', 2, cpus=4 -> 'CPU-Xeon-4cores-x2'.
+    Baselines saved before the count was part of the name carry the model only (legacy_name)."""
+    cores = f"-{cpus}cores" if hardware.startswith("CPU") and cpus else ""
+    return f"{slug(hardware)}{cores}-x{world_size}"
+
+
+def default_name(recs: list[dict]) -> str:
+    from bench.core import results
+
+    hws = sorted({results.hardware(r) for r in recs})
+    if len(hws) != 1:
+        raise UsageError(f"the records come from {len(hws)} kinds of hardware ({'; '.join(hws)}); give --name")
+    cpus = sorted({(r.get("env") or {}).get("cpu_count") for r in recs} - {None})
+    if hws[0].startswith("CPU") and len(cpus) > 1:
+        raise UsageError(f"the records come from CPUs with {', '.join(map(str, cpus))} cores; give --name")
+    return name_for(hws[0], max(int(r.get("world_size") or 1) for r in recs), cpus[0] if cpus else None)
+
+
+def legacy_name(hardware: str) -> str:
+    """The name baselines had before the world size was part of it: the device model only."""
+    return slug(hardware)
+
+
+def machine_hardware() -> tuple[str, str, int]:
+    """(hardware, device type, devices present): the model of CUDA device 0, or the CPU model without CUDA.
+
+    The GPU name comes from torch, as in the records' ``memory[].device_name`` that ``results.hardware``
+    reads, so the name matches what ``bench run --device auto`` will record here.
+    """
+    import torch
+
+    from bench.core import results
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0), "cuda", torch.cuda.device_count()
+    return f"CPU: {results._cpu_model() or 'unknown'}", "cpu", usable_cpus()
+
+
+def machine_name(gpus: str | None = None, max_gpus: str | None = None) -> str:
+    """The default baseline name for this machine and the sweep ``bench run --gpus/--max-gpus`` would run here
+    (the same rule: bench/commands/_plan.py, world_sizes), so it matches what ``bench baseline save`` names that
+    sweep's records."""
+    from bench.commands._plan import world_sizes
+
+    hardware, device_type, present = machine_hardware()
+    top = max(world_sizes(gpus, max_gpus, device_type, present))
+    return name_for(hardware, top, usable_cpus() if device_type == "cpu" else None)
+
+
+def _check_name(name: str) -> str:
+    name = name[:-5] if name.endswith(".json") else name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise UsageError(f"baseline name {name!r}: use letters, digits, '.', '_' and '-' only (it becomes a file name)")
+    return name
+
+
+def _started(rec: dict) -> str:
+    return str(rec.get("finished_at") or (rec.get("env") or {}).get("started_at") or rec.get("run_id") or "")
+
+
+def cmd_baseline_save(args) -> int:
+    from bench.core import results
+
+    src = Path(args.source)
+    if not src.exists():
+        raise UsageError(f"--from {args.source!r} does not exist")
+    recs = results.load(src, warn=warn)
+    ok = [r for r in recs if r.get("status") == "ok" and r.get("window_seconds")]
+    if not ok:
+        raise UsageError(f"--from {args.source!r}: no ok records to save ({len(recs)} record(s) read, "
+                         f"{len(recs) - len(ok)} not ok); a baseline must hold at least one successful run")
+    if args.latest:
+        latest = {}
+        for r in sorted(ok, key=_started):
+            latest[results.config_key(r)] = r
+        ok = list(latest.values())
+    name = _check_name(args.name) if args.name else default_name(ok)
+    out_dir = Path(args.out_dir)
+    final = out_dir / f"{name}.json"
+    if final.exists() and not args.force:
+        raise UsageError(f"baseline {str(final)!r} exists; every later CI run is judged against it, so replacing it "
+                         f"must be deliberate: pass --force (and review the diff before committing)")
+    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in sorted(ok, key=_started)]
+    doc = {
+        "schema": BASELINE_SCHEMA,
+        "name": name,
+        "created_at": results.utc_now(),
+        "source": str(src),
+        "hardware": sorted({results.hardware(r) for r in ok}),
+        "configurations": len({results.config_key(r) for r in ok}),
+        "records": clean,
+    }
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        results.write_json_atomic(doc, final, overwrite=args.force)
+    except FileExistsError:
+        raise UsageError(f"baseline {str(final)!r} exists; pass --force to replace it")
+    except OSError as e:
+        raise UsageError(f"cannot write baseline {str(final)!r}: {e.strerror or e}")
+    skipped = len(recs) - len(ok)
+    print(f"baseline {name}: {len(clean)} record(s), {doc['configurations']} configuration(s) on "
+          f"{'; '.join(doc['hardware'])} -> {final}" + (f" ({skipped} record(s) left out)" if skipped else ""))
+    return 0
+
+
+def cmd_baseline_name(args) -> int:
+    import sys
+
+    from bench.core import results
+
+    if args.source:
+        if not Path(args.source).exists():
+            raise UsageError(f"--from {args.source!r} does not exist")
+        ok = [r for r in results.load(args.source, warn=warn) if r.get("status") == "ok"]
+        if not ok:
+            raise UsageError(f"--from {args.source!r}: no ok records to name a baseline after")
+        print(default_name(ok))
+        return 0
+    name = machine_name(args.gpus, args.max_gpus)
+    old = legacy_name(machine_hardware()[0])
+    folder = Path(args.dir)
+    if not (folder / f"{name}.json").exists() and (folder / f"{old}.json").exists():
+        # Still readable: an earlier version named baselines after the GPU model only. Say how to move on.
+        print(f"bench baseline name: using {folder / old}.json, named before the world size was part of the "
+              f"name; if it was recorded with this sweep, rename it to {name}.json", file=sys.stderr)
+        name = old
+    print(name)
+    return 0

@@ -1,0 +1,503 @@
+"""The regression gate: ``python -m bench compare BASELINE CURRENT``.
+
+What is compared. BASELINE and CURRENT are record files, directories of records, or saved baselines
+(``results/baselines/NAME.json``, see ``bench/commands/baseline.py``). Only ``ok`` records count. Records are grouped
+with ``results.config_key`` (the report's grouping). **The run is the unit**: each run is summarised by the
+median of its per-window throughputs (``global_batch * steps_per_window / window_seconds[i]``), a side by the
+median of its run medians (``stats.summarise_runs``, as in the report), and ``ratio = current / baseline``.
+Windows of one run share its conditions (algorithm picks, clocks, neighbours), so testing windows as if
+they were independent samples raises false alarms whenever runs differ by a few percent; runs are the
+samples here.
+
+When a change counts. A configuration is ``slower`` (or ``faster``) only when the difference is
+statistically significant across runs AND larger than the threshold: ``p < alpha`` and
+``ratio < 1 - threshold`` (``> 1 + threshold``). A significant change inside the threshold, or any change
+without significance, is ``no significant change`` (the notes column says which). pyperf and asv gate the
+same way.
+
+The test (``stats.significance``). Default: Welch's t-test on the log of the run medians, which reaches any
+alpha from 2 runs a side. ``--test mwu``: Mann-Whitney U on the run medians (no normality assumed, but
+with n runs a side it cannot go below p = 2 / C(2n, n): 0.1 for 3 vs 3, 0.0079 for 5 vs 5). The gate
+computes this floor for the actual numbers of runs; when it is above alpha (one run a side: the run-to-run
+spread is unknown) the configuration is NOT gated: the verdict is ``no significant change`` with the note
+"too few runs for significance", and a warning goes to stderr. ``make regress`` runs 3 repeats a side.
+
+Memory. Peak device memory of a run is the largest timed-window ``peak_reserved_bytes`` over its devices
+(the caching allocator's reservation after warm-up: what decides whether a batch fits); runs of one
+configuration give their median. Growth above the threshold is ``more memory`` and fails the gate like
+``slower``. CPU records have no device memory; their host peak RSS (largest over ranks) is reported but not
+gated, because it is mostly the interpreter and libraries, not the training step; ``--gate-host-memory``
+gates it.
+
+Hardware. Throughput from different GPU models (or CPU vs GPU) is not comparable, so the gate refuses,
+exit 2, when the two sides were measured on different hardware, unless ``--allow-different-hardware``
+is given (then configurations are matched ignoring the hardware). Differing torch / CUDA / cuDNN / NCCL /
+driver versions are allowed, with one warning line each: they are often the change being tested.
+
+Exit codes: 0 nothing regressed; 1 something is slower or uses more memory; 2 bad input (a missing path,
+no records, bad option values, different hardware, or no configuration present on both sides: a gate
+that compared nothing must not pass). New and missing configurations are listed but do not fail; a
+configuration with a *failed* current run (crash, hang, out of memory), even beside ok repeats, fails the
+gate, and so does a current run whose replicas ended with different parameters
+(``replicas_consistent: false``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from bench.core.errors import UsageError, warn
+from bench.core.stats import TESTS
+
+FORMATS = ("md", "json")
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_ALPHA = 0.01
+ENV_VERSIONS = ("torch", "cuda", "cudnn", "nccl", "driver")
+GiB = 2 ** 30
+
+SLOWER, FASTER, SAME, NEW, MISSING = "slower", "faster", "no significant change", "new", "missing"
+FAILED, REPLICAS_DIFFER = "failed", "replicas differ"
+MORE_MEMORY, LESS_MEMORY = "more memory", "less memory"
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+
+def register(sub) -> None:
+    c = sub.add_parser(
+        "compare", help="regression gate: compare CURRENT records with a BASELINE (exit 1 on a regression)",
+        description="Compare throughput (run medians) and peak memory of every configuration present in "
+                    "both BASELINE and CURRENT. Exit 0: nothing regressed; 1: something is slower or uses more "
+                    "memory; 2: bad input.")
+    c.add_argument("baseline", metavar="BASELINE", help="record file, directory of records, or saved baseline")
+    c.add_argument("current", metavar="CURRENT", help="record file, directory of records, or saved baseline")
+    c.add_argument("--threshold", default=str(DEFAULT_THRESHOLD),
+                   help=f"relative change that counts, 0 <= t < 1 (default {DEFAULT_THRESHOLD}: 5%%)")
+    c.add_argument("--alpha", default=str(DEFAULT_ALPHA),
+                   help=f"significance level, 0 < alpha < 1 (default {DEFAULT_ALPHA})")
+    c.add_argument("--test", default="welch",
+                   help="welch: Welch's t-test on log run medians (default, >= 2 runs a side) | mwu: Mann-Whitney U "
+                        "on run medians (>= 5 runs a side at alpha 0.01)")
+    c.add_argument("--format", default="md", help="md (default: a Markdown table) | json")
+    c.add_argument("--out", help="also write the report to this file")
+    c.add_argument("--allow-different-hardware", action="store_true",
+                   help="compare records from different GPU models / device types (matched ignoring hardware)")
+    c.add_argument("--gate-host-memory", action="store_true",
+                   help="also fail on host peak RSS growth (CPU runs); reported but not gated by default")
+    c.set_defaults(func=cmd_compare)
+
+
+def _fraction(text: str, name: str, low_inclusive: bool) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    ok = (0 <= value < 1) if low_inclusive else (0 < value < 1)
+    if not ok:
+        rng = "0 <= threshold < 1 (0.05 = 5%)" if low_inclusive else "0 < alpha < 1 (e.g. 0.01)"
+        raise UsageError(f"--{name} {text!r}: expected a number with {rng}")
+    return value
+
+
+def cmd_compare(args) -> int:
+    threshold = _fraction(args.threshold, "threshold", low_inclusive=True)
+    alpha = _fraction(args.alpha, "alpha", low_inclusive=False)
+    if args.format not in FORMATS:
+        raise UsageError(f"unknown format {args.format!r}; choose from {', '.join(FORMATS)}")
+    if args.test not in TESTS:
+        raise UsageError(f"unknown test {args.test!r}; choose from welch (Welch's t), mwu (Mann-Whitney U)")
+    base = _load_side(args.baseline, "baseline")
+    cur = _load_side(args.current, "current")
+    result = compare(base, cur, threshold=threshold, alpha=alpha, test=args.test,
+                     allow_different_hardware=args.allow_different_hardware,
+                     gate_host_memory=args.gate_host_memory, warn=warn)
+    result["baseline_path"], result["current_path"] = str(args.baseline), str(args.current)
+    text = render_json(result) if args.format == "json" else render_md(result)
+    print(text, end="")
+    if args.out:
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text)
+        except OSError as e:
+            raise UsageError(f"cannot write --out {args.out!r}: {e.strerror or e}")
+    if not result["compared"]:
+        raise UsageError(f"no configuration is present in both baseline and current ({len(result['missing'])} "
+                         f"missing, {len(result['new'])} new): nothing was compared")
+    return 1 if result["regressed"] else 0
+
+
+def _load_side(path: str, side: str) -> dict:
+    from bench.core import results
+
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{side} {path!r} does not exist")
+    recs = results.load(p, warn=warn)
+    if not recs:
+        raise UsageError(f"{side} {path!r} holds no readable schema-{results.SCHEMA} records")
+    ok = [r for r in recs if r.get("status") == "ok"]
+    if not ok:
+        counts = ", ".join(f"{sum(r.get('status') == s for r in recs)} {s}" for s in ("failed", "skipped"))
+        raise UsageError(f"{side} {path!r} holds no ok records ({counts})")
+    return {"path": str(path), "ok": ok, "other": [r for r in recs if r.get("status") != "ok"]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-record numbers
+
+def peak_device_memory(rec: dict) -> float | None:
+    """Largest peak reserved bytes over the run's devices; None on CPU (no device memory)."""
+    values = [m.get("peak_reserved_bytes") for m in rec.get("memory") or []]
+    values = [v for v in values if v is not None]
+    return float(max(values)) if values else None
+
+
+def peak_host_rss(rec: dict) -> float | None:
+    values = [v for v in rec.get("host_peak_rss_bytes") or [] if v is not None]
+    return float(max(values)) if values else None
+
+
+def _median(values) -> float | None:
+    import numpy as np
+
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Grouping and hardware
+
+def _hw(rec: dict) -> tuple[str, str]:
+    from bench.core import results
+
+    return rec.get("device_type"), results.hardware(rec)
+
+
+def _match_key(rec: dict, ignore_hardware: bool) -> tuple:
+    from bench.core import results
+
+    key = dict(zip(results.CONFIG_KEYS, results.config_key(rec)))
+    if ignore_hardware:
+        key.pop("hardware", None)
+        key.pop("device_type", None)
+    return tuple(key.items())
+
+
+def label(rec: dict) -> str:
+    """A short, readable name for a configuration (hardware is in the report header)."""
+    text = (f"{rec['backend']} x{rec['world_size']} {rec['model']} {rec['image_size']}px "
+            f"b{rec['batch_per_device']}/dev {rec['precision']}")
+    if rec.get("data") not in (None, "synthetic"):
+        text += f" {rec['data']} data"
+    if rec.get("options"):
+        text += " " + " ".join(f"{k}={v}" for k, v in sorted(rec["options"].items()))
+    return text
+
+
+def _hw_text(hws) -> str:
+    return ", ".join(f"{name} ({dev})" for dev, name in sorted(hws, key=str))
+
+
+def check_hardware(base: list[dict], cur: list[dict], allow: bool, warn) -> tuple[list, list]:
+    b, c = {_hw(r) for r in base}, {_hw(r) for r in cur}
+    if b != c:
+        if not allow:
+            raise UsageError(f"refusing to compare across hardware: baseline measured on {_hw_text(b)}, current on "
+                             f"{_hw_text(c)}; throughput is only comparable on the same GPU model and device type "
+                             f"(pass --allow-different-hardware to compare anyway)")
+        warn(f"comparing different hardware (--allow-different-hardware): baseline {_hw_text(b)}, "
+             f"current {_hw_text(c)}")
+    return sorted(b, key=str), sorted(c, key=str)
+
+
+def env_differences(base: list[dict], cur: list[dict]) -> list[str]:
+    """One message per environment version that differs between the two sides."""
+    out = []
+    for key in ENV_VERSIONS:
+        b = sorted({str((r.get("env") or {}).get(key)) for r in base})
+        c = sorted({str((r.get("env") or {}).get(key)) for r in cur})
+        if b != c:
+            out.append(f"{key} differs: baseline {', '.join(b)}, current {', '.join(c)} "
+                       f"(a change may come from the software, not the code)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The comparison
+
+def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "welch",
+            allow_different_hardware: bool = False, gate_host_memory: bool = False, warn=warn) -> dict:
+    """The whole comparison as a dict (what ``--format json`` prints); raises UsageError on mismatched hardware."""
+    base_hw, cur_hw = check_hardware(base["ok"], cur["ok"], allow_different_hardware, warn)
+    env_warnings = env_differences(base["ok"], cur["ok"])
+    for msg in env_warnings:
+        warn(msg)
+
+    def groups(recs):
+        out = {}
+        for r in recs:
+            out.setdefault(_match_key(r, allow_different_hardware), []).append(r)
+        return out
+
+    bg, cg = groups(base["ok"]), groups(cur["ok"])
+    b_other, c_other = groups(base["other"]), groups(cur["other"])
+    rows = []
+    for key in sorted(set(bg) | set(cg), key=_sort_key):
+        if key in bg and key in cg:
+            row = _compare_one(bg[key], cg[key], threshold, alpha, test, gate_host_memory)
+            failed = [r for r in c_other.get(key, []) if r["status"] == "failed"]
+            if failed:  # a repeat that crashes beside ok ones is flaky, and flaky fails the gate
+                row["verdict"] = FAILED if row["verdict"] == SAME else f"{row['verdict']}, {FAILED}"
+                row["regression"] = True
+                row["notes"].append(f"{len(failed)} of {len(failed) + len(cg[key])} current runs failed: "
+                                    f"{failed[-1].get('reason') or 'no reason recorded'}")
+            rows.append(row)
+        elif key in cg:
+            why = "not in the baseline"
+            if key in b_other:
+                r = b_other[key][-1]
+                why = f"baseline run {r['status']}: {r.get('reason') or 'no reason recorded'}"
+            rows.append(_one_sided(cg[key], NEW, why, "current"))
+        elif key in c_other and c_other[key][-1]["status"] == "failed":
+            # It ran and broke (a crash, a hang, out of memory): that is a regression, not an absence.
+            r = c_other[key][-1]
+            row = _one_sided(bg[key], FAILED, f"current run failed: {r.get('reason') or 'no reason recorded'}",
+                             "baseline")
+            row["regression"] = True
+            rows.append(row)
+        else:
+            why = "no ok run in current"
+            if key in c_other:
+                r = c_other[key][-1]
+                why = f"current run {r['status']}: {r.get('reason') or 'no reason recorded'}"
+            rows.append(_one_sided(bg[key], MISSING, why, "baseline"))
+
+    compared = [r for r in rows if r["status"] == "compared"]
+    underpowered = [r for r in compared if r["underpowered"]]
+    if underpowered:
+        worst = max(r["min_p_value"] for r in underpowered)
+        warn(f"{len(underpowered)} configuration(s) have too few runs for significance at alpha {alpha:g} "
+             f"with {TESTS[test]} (smallest attainable p {worst:.2g}): their throughput was NOT gated; repeat the "
+             f"runs (bench run --repeat 3; with --test mwu, 5 a side at alpha 0.01)")
+    return {
+        "schema": 1,
+        "test": test,
+        "test_name": TESTS[test],
+        "alpha": alpha,
+        "threshold": threshold,
+        "gate_host_memory": gate_host_memory,
+        "hardware": {"baseline": [list(h) for h in base_hw], "current": [list(h) for h in cur_hw]},
+        "allow_different_hardware": allow_different_hardware,
+        "env_warnings": env_warnings,
+        "rows": rows,
+        "compared": len(compared),
+        "new": [r["config"] for r in rows if r["status"] == NEW],
+        "missing": [r["config"] for r in rows if r["status"] == MISSING],
+        "regressions": [r["config"] for r in rows if r["regression"]],
+        "regressed": any(r["regression"] for r in rows),
+    }
+
+
+def _sort_key(key: tuple) -> tuple:
+    # numbers as numbers (world size 2 before 16), everything else as text; None sorts like "None"
+    return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for _, v in key)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:g}%"
+
+
+def _side_summary(recs: list[dict]) -> dict:
+    from bench.core.stats import record_throughputs, summarise_runs
+
+    runs = summarise_runs([record_throughputs(r) for r in recs])
+    return {
+        "runs": len(recs),
+        "windows": runs["windows"],
+        "median_throughput": runs["median"],
+        "run_medians": runs["run_medians"],
+        "cv_runs": runs["cv_runs"],
+        "peak_reserved_bytes": _median(peak_device_memory(r) for r in recs),
+        "host_peak_rss_bytes": _median(peak_host_rss(r) for r in recs),
+        "run_ids": [r.get("run_id") for r in recs],
+    }
+
+
+def _public(side: dict) -> dict:
+    return {k: v for k, v in side.items() if not k.startswith("_")}
+
+
+def _row(recs, status) -> dict:
+    return {"config": label(recs[0]), "key": {k: v for k, v in _match_key(recs[0], False)}, "status": status,
+            "baseline": None, "current": None, "ratio": None, "p_value": None, "min_p_value": None,
+            "underpowered": False, "throughput_verdict": None, "memory_ratio": None, "memory_kind": None,
+            "memory_verdict": None, "verdict": status, "regression": False, "notes": []}
+
+
+def _one_sided(recs, status, why, side) -> dict:
+    row = _row(recs, status)
+    row[side] = _public(_side_summary(recs))
+    row["notes"].append(why)
+    return row
+
+
+def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict:
+    row = _row(crecs, "compared")
+    b, c = _side_summary(brecs), _side_summary(crecs)
+    row["baseline"], row["current"] = _public(b), _public(c)
+    verdicts, notes = [], row["notes"]
+    if b["windows"] == 0 or c["windows"] == 0:
+        verdicts.append(SAME)
+        notes.append("no valid window times on one side: throughput not compared")
+    else:
+        from bench.core.stats import significance
+
+        ratio = c["median_throughput"] / b["median_throughput"]
+        p, min_p = significance(b["run_medians"], c["run_medians"], test)
+        row.update(ratio=ratio, p_value=p, min_p_value=min_p)
+        change = f"{(ratio - 1) * 100:+.1f}%"
+        if min_p > alpha:
+            row["underpowered"] = True
+            verdicts.append(SAME)
+            notes.append(f"{change}: too few runs for significance at alpha {alpha:g} ({len(b['run_medians'])} vs "
+                         f"{len(c['run_medians'])} runs; {TESTS[test]} cannot go below p={min_p:.2g}): NOT gated")
+        elif p >= alpha:
+            verdicts.append(SAME)
+            notes.append(f"{change}, not significant (p={p:.2g} >= alpha {alpha:g})")
+        elif ratio < 1 - threshold:
+            verdicts.append(SLOWER)
+            notes.append(f"{change} throughput, beyond the {_pct(threshold)} threshold")
+        elif ratio > 1 + threshold:
+            verdicts.append(FASTER)
+            notes.append(f"{change} throughput, beyond the {_pct(threshold)} threshold")
+        else:
+            verdicts.append(SAME)
+            notes.append(f"{change} is significant (p={p:.2g}) but within the {_pct(threshold)} threshold")
+    row["throughput_verdict"] = verdicts[0]
+
+    regression = verdicts[0] == SLOWER
+    if any(r.get("replicas_consistent") is False for r in crecs):
+        # Replicas that drift apart mean gradients were not (all) synchronised: any speed-up is not real.
+        verdicts.append(REPLICAS_DIFFER)
+        regression = True
+        notes.append("ranks ended with different parameters (replicas_consistent: false)")
+    kind, bm, cm, gated = "device", b["peak_reserved_bytes"], c["peak_reserved_bytes"], True
+    if bm is None or cm is None:
+        kind, bm, cm, gated = "host RSS", b["host_peak_rss_bytes"], c["host_peak_rss_bytes"], gate_host_memory
+    if bm and cm:
+        mratio = cm / bm
+        row.update(memory_ratio=mratio, memory_kind=kind)
+        mchange = f"{(mratio - 1) * 100:+.1f}%"
+        if mratio > 1 + threshold and gated:
+            row["memory_verdict"] = MORE_MEMORY
+            verdicts.append(MORE_MEMORY)
+            regression = True
+            notes.append(f"peak {'device memory' if kind == 'device' else 'host RSS'} {mchange}, beyond the "
+                         f"{_pct(threshold)} threshold")
+        elif mratio < 1 - threshold and gated:
+            row["memory_verdict"] = LESS_MEMORY
+            verdicts.append(LESS_MEMORY)
+        elif not gated and abs(mratio - 1) > threshold:
+            notes.append(f"host RSS {mchange} (not gated; --gate-host-memory gates it)")
+    if verdicts[0] == SAME and len(verdicts) > 1:
+        verdicts = verdicts[1:]  # "more memory" alone reads better than "no significant change, more memory"
+    row["verdict"] = ", ".join(verdicts)
+    row["regression"] = regression
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def _side_cell(side: dict | None) -> str:
+    if not side:
+        return "-"
+    cv = f", CV {side['cv_runs'] * 100:.1f}%" if side.get("cv_runs") is not None else ""
+    return f"{_num(side['median_throughput'])} ({side['runs']} runs, {side['windows']} windows{cv})"
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / GiB:.2f}"
+
+
+def _memory_cell(row: dict) -> str:
+    b, c = row["baseline"], row["current"]
+    if row["status"] != "compared":
+        side = b or c
+        if side["peak_reserved_bytes"] is not None:
+            return _gib(side["peak_reserved_bytes"])
+        return f"host RSS {_gib(side['host_peak_rss_bytes'])}" if side["host_peak_rss_bytes"] else "-"
+    if row["memory_ratio"] is None:
+        return "-"
+    key = "peak_reserved_bytes" if row["memory_kind"] == "device" else "host_peak_rss_bytes"
+    prefix = "" if row["memory_kind"] == "device" else "host RSS "
+    return f"{prefix}{_gib(b[key])} → {_gib(c[key])} ({(row['memory_ratio'] - 1) * 100:+.0f}%)"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_md(result: dict) -> str:
+    hw = result["hardware"]
+    if hw["baseline"] == hw["current"]:
+        hw_line = f"**Hardware:** {_hw_text(map(tuple, hw['current']))}"
+    else:
+        hw_line = (f"**Hardware differs** (--allow-different-hardware): baseline {_hw_text(map(tuple, hw['baseline']))}"
+                   f"; current {_hw_text(map(tuple, hw['current']))}")
+    lines = [
+        f"## Regression gate: {result.get('current_path', 'current')} vs {result.get('baseline_path', 'baseline')}",
+        "",
+        hw_line + "  ",
+        f"**Test:** {result['test_name']} on per-window throughput; a change counts when p < {result['alpha']:g} "
+        f"AND it exceeds {_pct(result['threshold'])}. The run is the unit: throughput is the median of the run "
+        f"medians of global img/s (runs, windows; CV = run-to-run spread); ratio = current / baseline. Peak memory: "
+        f"timed-window device reserved bytes (max over GPUs)"
+        f"{'; host RSS is gated' if result['gate_host_memory'] else '; host RSS (CPU) is reported, not gated'}.",
+        "",
+    ]
+    for w in result["env_warnings"]:
+        lines.append(f"> warning: {w}  ")
+    if result["env_warnings"]:
+        lines.append("")
+    lines += ["| config | baseline img/s | current img/s | ratio | p-value | peak memory (GiB) | verdict | notes |",
+              "|---|--:|--:|--:|--:|---|---|---|"]
+    for r in result["rows"]:
+        b, c = r["baseline"], r["current"]
+        base = _side_cell(b)
+        cur = _side_cell(c)
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+        p = f"{r['p_value']:.2g}" if r["p_value"] is not None else "-"
+        verdict = f"**{r['verdict']}**" if r["regression"] else r["verdict"]
+        lines.append("| " + " | ".join(_cell(x) for x in (r["config"], base, cur, ratio, p, _memory_cell(r), verdict,
+                                                           "; ".join(r["notes"]))) + " |")
+    lines += ["", summary_line(result), ""]
+    return "\n".join(lines)
+
+
+def summary_line(result: dict) -> str:
+    rows = [r for r in result["rows"] if r["status"] == "compared"]
+    counts = {}
+    for r in rows:
+        for v in r["verdict"].split(", "):
+            counts[v] = counts.get(v, 0) + 1
+    parts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+    tail = f"{result['compared']} compared ({parts}); {len(result['new'])} new, {len(result['missing'])} missing"
+    if not result["compared"]:
+        return f"**ERROR:** nothing compared; {len(result['new'])} new, {len(result['missing'])} missing. Exit 2."
+    if result["regressed"]:
+        return f"**REGRESSION** in {len(result['regressions'])} configuration(s): {tail}. Exit 1."
+    return f"**PASS**: {tail}. Exit 0."
+
+
+def render_json(result: dict) -> str:
+    return json.dumps(result, indent=1, sort_keys=False, default=str) + "\n"

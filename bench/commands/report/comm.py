@@ -1,0 +1,188 @@
+"""Why the scaling is what it is: exposed communication per backend (the compute-only reference), the hardware
+efficiency (FLOPs, MFU, energy), collective bandwidth (bench collectives) and predicted vs measured scaling
+(bench predict)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.commands.report.common import fmt, label, md_table, slug
+
+BUCKET_MB = 25.0  # DDP's default bucket_cap_mb, for the predictions in the report
+
+
+def split(r: dict) -> dict | None:
+    """Scaling loss of a configuration at N >= 2 in two parts that add up to 1 - efficiency vs single@1:
+    communication (compute-only at N vs the backend at N) and everything else (compute-only at N vs N x single@1:
+    core contention on CPU, host and launch overhead on GPUs). Exposed communication per step =
+    step time - compute-only step time, and its share 1 - thr / thr(compute-only)."""
+    thr, co, eff = r["global_img_s"], r.get("compute_only_img_s"), r.get("eff_vs_single_pct")
+    if not (thr and co and r["world_size"] > 1):
+        return None
+    step, co_step = r["batch_per_device"] / (thr / r["world_size"]), r["batch_per_device"] / (co / r["world_size"])
+    out = {"exposed_ms": 1000 * (step - co_step), "exposed_share": 1 - thr / co, "comm_loss": None, "other_loss": None}
+    if eff:
+        ideal = thr / (eff / 100)  # N x thr(single@1)
+        out.update(comm_loss=(co - thr) / ideal, other_loss=1 - co / ideal)
+    return out
+
+
+def comm_table(ok: list[dict], unit: str) -> list[str]:
+    rows = []
+    for r in ok:
+        if r["world_size"] < 2 or not (r.get("compute_only_img_s") or r.get("compute_only_reason")):
+            continue
+        s = split(r)
+        pct = lambda x: None if x is None else f"{100 * x:.1f} %"  # noqa: E731
+        rows.append([label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], "img/s"),
+                     fmt(r.get("compute_only_img_s"), "img/s"), s and f"{s['exposed_ms']:.1f} ms",
+                     s and pct(s["exposed_share"]), s and pct(s["comm_loss"]), s and pct(s["other_loss"]),
+                     r.get("compute_only_keeps") or (None if s else f"not measured: {r.get('compute_only_reason')}")])
+    if not rows:
+        return []
+    return ["**4. Where the scaling goes** (compute-only reference: the same processes with the gradient "
+            "synchronisation skipped, right after the timed windows)", "",
+            md_table(["backend", unit, "precision", "global throughput", "compute-only throughput",
+                      "exposed communication / step", "exposed share", "scaling loss: communication",
+                      "scaling loss: everything else", "still communicated / why not measured"], rows,
+                     {1, 3, 4, 5, 6, 7, 8}), ""]
+
+
+def hardware_table(ok: list[dict], unit: str) -> list[str]:
+    if not any(r.get("flops_per_sample") for r in ok):
+        return []
+    rate = lambda t: None if t is None else f"{t:,.1f} TFLOP/s" if t >= 1 else f"{1000 * t:,.1f} GFLOP/s"  # noqa: E731
+    rows = [[label(r), r["world_size"], r["precision"], fmt(r["flops_per_sample"] and r["flops_per_sample"] / 1e9, "GFLOP", 2),
+             rate(r.get("achieved_tflops_per_device")), fmt(r.get("mfu_pct"), "%"),
+             fmt(r.get("joules_per_image"), "J", 3), fmt(r.get("mean_watts"), "W", 0)] for r in ok]
+    return ["**5. Hardware efficiency** (training FLOPs per image from torch.utils.flop_counter; MFU against the "
+            "device's dense peak at the run's precision, bench/rank/flops.py; energy from NVML's counter around each "
+            "window, all GPUs of the run)", "",
+            md_table(["backend", unit, "precision", "FLOPs / image", "achieved per device", "MFU", "energy / image",
+                      "power (all GPUs)"], rows, {1, 3, 4, 5, 6, 7}), ""]
+
+
+def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[str, str]]:
+    """Stacked bars per backend and world size: efficiency, communication loss, everything else (sum 100%)."""
+    bars = [(f"{label(r)}\n×{r['world_size']}", r, split(r)) for r in ok]
+    bars = [(name, r, s) for name, r, s in bars if s and s["comm_loss"] is not None]
+    if not bars:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(bars) + 2), 4.8))  # 8 in: the title fits
+    x = range(len(bars))
+    eff = [r["eff_vs_single_pct"] for _, r, _ in bars]
+    # A negative share (compute-only faster than N x single@1, or slower than the backend) is noise or
+    # contention that no split explains: drawn as zero, and said on the bar.
+    comm = [max(0.0, 100 * s["comm_loss"]) for _, _, s in bars]
+    other = [max(0.0, 100 * s["other_loss"]) for _, _, s in bars]
+    ax.bar(x, eff, color="tab:green", label="efficiency vs single@1")
+    ax.bar(x, comm, bottom=eff, color="tab:red", label="lost to exposed communication")
+    ax.bar(x, other, bottom=[e + c for e, c in zip(eff, comm)], color="tab:gray",
+           label="lost to everything else (contention, overhead)")
+    for i, (_, _, s) in enumerate(bars):
+        if min(s["comm_loss"], s["other_loss"]) < 0:
+            ax.annotate("a share < 0:\nnoise, not a split", (i, eff[i] + comm[i] + other[i]), ha="center",
+                        va="bottom", fontsize=8)
+    ax.set_ylim(0, max(110, max(e + c + o for e, c, o in zip(eff, comm, other)) * 1.15))
+    ax.set_xticks(list(x), [name for name, _, _ in bars], fontsize=8)
+    ax.axhline(100, ls="--", color="black", lw=0.8)
+    ax.set_ylabel("% of ideal N × single@1 throughput")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Where the scaling goes ({unit})\n{title}", fontsize=10)
+    fig.tight_layout()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for ext in ("png", "svg"):
+        fig.savefig(f"{stem}-comm-split.{ext}", dpi=120)
+    plt.close(fig)
+    return [("comm-split", f"{stem.name}-comm-split.png")]
+
+
+def collectives_section(src: Path, out: Path, summary_rows: list[dict], warn) -> list[str]:
+    from bench.core import comm
+    from bench.core.text import human
+    from bench.rank import flops
+
+    recs = comm.load(src, warn)
+    if not recs:
+        return []
+    md = ["## Collectives (bench collectives)", "",
+          "Bus bandwidth (GB/s) over the process group the backends use, nccl-tests' definitions: algbw = bytes / "
+          "time; busbw = algbw × 2(n-1)/n for all_reduce, × (n-1)/n for reduce_scatter and all_gather, × 1 for "
+          "broadcast. Timed as nccl-tests does: after warm-up, the timed operations run back to back between one "
+          "pair of clock reads closed by one synchronize; time per operation, the slowest rank's. Every rank runs "
+          "the sizes that fit the tightest rank's free memory.", ""]
+    grads = {r["model"]: 4 * flops.parameter_count(r["model"]) for r in summary_rows if r["model"] != "none"}
+    for rec in sorted(recs, key=lambda r: (r["device_type"], r["world_size"], r["process_group"])):
+        ops = list(dict.fromkeys(x["op"] for x in rec["results"]))
+        by = {(x["op"], x["bytes"]): x["busbw_gbps"] for x in rec["results"]}
+        sizes = list(dict.fromkeys(x["bytes"] for x in rec["results"]))
+        md += [f"**{rec['process_group']}, {rec['world_size']} ranks ({rec['device_type']})**", "",
+               md_table(["message", *ops], [[human(b), *[f"{by[(o, b)]:.3f}" if (o, b) in by else None
+                                                        for o in ops]] for b in sizes],
+                        set(range(1, len(ops) + 1))), ""]
+        stem = out / "plots" / slug("collectives", rec["process_group"], f"n{rec['world_size']}",
+                                    hw=rec["device_type"] + str((rec.get("env") or {}).get("gpu_names")))
+        md += [f"![collectives]({_plot_collectives(rec, ops, by, sizes, grads, stem)})", ""]
+    return md
+
+
+def _plot_collectives(rec, ops, by, sizes, grads, stem: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.core.comm import DDP_BUCKET_MB
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for op in ops:
+        pts = [(b, by[(op, b)]) for b in sizes if (op, b) in by]
+        ax.plot(*zip(*pts), marker="o", label=op)
+    ax.axvline(DDP_BUCKET_MB * 2 ** 20, ls=":", color="gray", label=f"DDP bucket ({DDP_BUCKET_MB} MiB)")
+    for model, b in sorted(grads.items()):
+        ax.axvline(b, ls="--", color="black", lw=0.8, label=f"{model} gradient ({b / 2 ** 20:.0f} MiB)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{rec['process_group']}: bus bandwidth, {rec['world_size']} ranks ({rec['device_type']})", fontsize=10)
+    fig.tight_layout()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for ext in ("png", "svg"):
+        fig.savefig(f"{stem}.{ext}", dpi=120)
+    plt.close(fig)
+    return f"plots/{stem.name}.png"
+
+
+def prediction_section(src: Path) -> list[str]:
+    """Reads the same files the other sections read; their warnings were given once already."""
+    from bench.commands import _comm
+
+    md = []
+    for inp in _comm.inputs(src, warn=lambda msg: None):
+        rows = _comm.rows(inp, [2, 4, 8, 16, 64], "ddp", BUCKET_MB)
+        body = []
+        for r in rows:
+            lo, hi, m = r["efficiency_low"], r["efficiency_high"], r["measured_efficiency"]
+            inside = None if m is None else ("yes" if lo - 0.02 <= m <= hi + 0.02 else "no")
+            body.append([r["world_size"], f"{1000 * r['t_allreduce']:.1f} ms", f"{100 * lo:.1f} – {100 * hi:.1f} %",
+                         None if m is None else f"{100 * m:.1f} %", inside])
+        md += [f"**{inp['model']} {inp['image_size']}px b{inp['batch_per_device']}/device {inp['precision']} on "
+               f"{inp['hardware']}**: t_compute {1000 * inp['t_compute']:.1f} ms (single@1), gradient "
+               f"{inp['grad_bytes'] / 2 ** 20:.1f} MiB in {BUCKET_MB:g} MiB buckets, all_reduce busbw from "
+               f"{inp['curve_world_size']} ranks", "",
+               md_table(["N", "all-reduce", "predicted efficiency (no .. full overlap)", "measured ddp",
+                         "inside (±2 pts)"], body, {0, 1, 2, 3}), ""]
+    if not md:
+        return []
+    return ["## Predicted vs measured scaling (bench predict)", "",
+            "DDP-style training at larger N from the compute time at world size 1 and the measured all-reduce "
+            "bandwidth: no overlap = t_compute + t_allreduce, full overlap = max of the two. Where N was measured, "
+            "the measured efficiency shows how far the model can be trusted. `python -m bench predict "
+            "--gpus-per-node G --inter-node-gbps X` adds several nodes.", ""] + md
+

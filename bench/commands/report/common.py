@@ -1,0 +1,77 @@
+"""What every part of the report shares: grouping keys, labels, slugs, number formats, Markdown tables."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from bench.core.text import md_table  # noqa: F401 (the report's table helper, shared with bench doctor)
+
+GiB = 2 ** 30
+BASELINE = "single"
+BASELINE_MATCH = ("model", "image_size", "precision", "batch_per_device", "data", "loader", "decode", "device_type",
+                  "hardware")
+OWN_MATCH = BASELINE_MATCH + ("backend", "options")
+KNOB = "cudnn_benchmark"  # matched when the baseline has it, else the default (on)
+SECTION = ("device_type", "hardware")
+WORKLOAD = ("model", "image_size", "batch_per_device", "data")
+ORDER = ("single", "dp", "ddp", "ddp_spawn", "ddp_amp_syncbn", "horovod")  # table order; others follow
+STAR = "★"
+CSV_FIRST = ["device_type", "hardware", "model", "image_size", "batch_per_device", "data", "precision", "backend",
+             "options", "world_size"]
+WITHIN_RUN = "within-run only"
+CPU_CAVEAT = ("**CPU figures.** These numbers come from CPU worker processes over gloo on this host; "
+              "they say nothing about GPU scaling.")
+
+
+def fmt(x, unit: str, digits: int = 1) -> str | None:
+    return None if x is None else f"{x:,.{digits}f} {unit}"
+
+
+def label(r: dict) -> str:
+    """The backend, with its options where they are switched on: ``horovod (compression=fp16)``, and the cuDNN
+    knob where it is off (``dp (cudnn.benchmark off)``)."""
+    options = r["options"] if isinstance(r["options"], dict) else json.loads(r["options"] or "{}")
+    extra = [f"{k}={v}" for k, v in options.items() if v not in (None, False, "none")]
+    if r.get(KNOB) is False:
+        extra.append("cudnn.benchmark off")
+    if r.get("loader") and (r.get("loader"), r.get("decode")) != ("torchvision", "cpu"):
+        extra.append(f"{r['loader']} loader, decode {r['decode']}")
+    if (r.get("nnodes") or 1) > 1:
+        extra.append(f"{r['nnodes']} nodes × {r['world_size'] // r['nnodes']}")
+    return r["backend"] + (f" ({', '.join(extra)})" if extra else "")
+
+
+def groups(rows: list[dict], keys: tuple) -> list[tuple[tuple, list[dict]]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return sorted(out.items(), key=lambda kv: [str(v) for v in kv[0]])
+
+
+def sort_rows(rows: list[dict]) -> list[dict]:
+    rank = lambda b: (ORDER.index(b), "") if b in ORDER else (len(ORDER), str(b))  # noqa: E731
+    return sorted(rows, key=lambda r: (r.get("nnodes") or 1, r["world_size"], rank(r["backend"]), str(r["precision"]),
+                                       r["options"], r.get(KNOB) is False))
+
+
+def slug(*parts, hw: str) -> str:
+    """A file-name stem; the hardware enters as a short hash, so two GPU models never share a file."""
+    text = re.sub(r"[^a-z0-9]+", "-", "-".join(map(str, parts)).lower()).strip("-")
+    return f"{text}-{hashlib.sha1(hw.encode()).hexdigest()[:6]}"
+
+
+def write_atomic(final: Path, text: str) -> None:
+    """Write text beside ``final``, then move it into place: a reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=final.suffix, dir=final.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,232 @@
+"""REPORT.md: one section per hardware, one block per workload, the tables and the notes."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bench.commands.report import comm, verdict
+from bench.commands.report.common import (
+    BASELINE,
+    CPU_CAVEAT,
+    KNOB,
+    SECTION,
+    STAR,
+    WITHIN_RUN,
+    WORKLOAD,
+    GiB,
+    fmt,
+    groups,
+    label,
+    md_table,
+    slug,
+    sort_rows,
+)
+from bench.commands.report.equivalence import eval_table
+from bench.commands.report.equivalence import section as equivalence_section
+from bench.commands.report.headroom import section as headroom_section
+from bench.commands.report.inputbound import section as input_bound_section
+from bench.commands.report.plots import plot_workload
+from bench.commands.report.settings import section as settings_section
+from bench.commands.report.summary import device_memory
+from bench.commands.report.verdict import duration, epoch_seconds
+
+
+def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list[str], list[dict]]:
+    """REPORT.md, the console lines (each workload's throughput table) and the verdicts; draws the plots on the
+    way."""
+    import datetime as dt
+
+    rows = summary.to_dict("records")
+    n_recs, n_ok = sum(len(r["_recs"]) for r in rows), sum(r["runs_ok"] for r in rows)
+    md = ["# Parallel backend comparison", "",
+          f"{n_recs} records from `{src}` ({n_ok} ok, {n_recs - n_ok} skipped or failed) in {len(rows)} "
+          f"configurations; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", "",
+          "Throughput is global images per second. The run is the statistical unit: a configuration's figure is "
+          "the median of its runs' medians, its 95% interval a hierarchical bootstrap (runs, then windows within a "
+          "run), and *CV* the run-to-run spread. With one run only the spread between its windows is known: the "
+          "interval then says *within-run only* and understates the uncertainty (`bench run --repeat 3`). "
+          f"Per-device = global / world size. {STAR} marks the highest median global throughput at each world "
+          "size and precision in its table; where the intervals overlap, the difference is not established.", ""]
+    verdicts = verdict.verdicts(rows)
+    md += verdict.markdown(verdicts)
+    console = []
+    for (device, hw), srows in sorted(groups(rows, SECTION), key=lambda kv: (kv[0][0] != "cuda", kv[0])):
+        unit = "GPUs" if device == "cuda" else "CPU workers"
+        md += [f"## {hw} ({device})", ""] + env_header(srows) + [""]
+        caveat = " -- CPU figures: nothing about GPU scaling" if device == "cpu" else ""
+        console += ["", f"== {hw} ({device}){caveat}"]
+        for wl, wrows in groups(srows, WORKLOAD):
+            ok = sort_rows([r for r in wrows if r["runs_ok"]])
+            if not ok:  # only skipped/failed runs: they are listed in table 4
+                continue
+            title = (f"{wl[0]} {wl[1]}px, batch {wl[2]}/device, {'/'.join(sorted({r['precision'] for r in ok}))}, "
+                     f"{wl[3]} data")
+            thr = throughput_table(ok, unit)
+            stem = out / "plots" / slug(device, wl[0], f"{wl[1]}px", f"b{wl[2]}", wl[3], hw=hw)
+            plots = plot_workload(ok, stem, f"{title} · {hw} ({device})", unit, device)
+            md += [f"### {title}", "", "**1. Throughput**", "", thr, "", "**2. Scaling efficiency**", "",
+                   f"Efficiency = thr(backend, N) / (N × thr(baseline, 1)). *vs single@1*: baseline `{BASELINE}` at "
+                   "world size 1 with the same model, image size, precision, per-device batch, data and hardware "
+                   "(backend options not matched). *vs own@1*: the same backend and options at world size 1. "
+                   "An empty cell means that baseline is not in these records. Runs over several nodes (`k nodes × m`) also "
+                   "show *intra-node* efficiency (the same backend on one node at m, vs own@1) and *inter-node* "
+                   "efficiency (thr / (k × thr of that one-node run)): what crossing the network costs.", "",
+                   efficiency_table(ok, unit), "", "**3. Memory** (timed-window peak per GPU, or per rank on CPU, after warm-up; warm-up's own peak "
+                   "in the last column; every ok run)", "",
+                   memory_table(ok, device), ""] + eval_table(ok, label) + comm.comm_table(ok, unit) \
+                + comm.hardware_table(ok, unit) + notes(ok)
+            plots += comm.plot_split(ok, stem, f"{title} · {hw} ({device})", unit)
+            md += [f"![{kind}](plots/{name})" for kind, name in plots] + [""]
+            console += ["", title, thr]
+        bad = sorted(((rec, r) for r in srows for rec in r["_recs"] if rec["status"] != "ok"),
+                     key=lambda x: str(x[0]["run_id"]))
+        bad_rows = [[r["backend"], r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",
+                     r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad]
+        md += ["### Skipped and failed runs", "", md_table(["backend", unit, "workload", "precision", "status",
+                                                               "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
+    warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
+    md += settings_section(rows)
+    md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) + equivalence_section(src, warn) \
+        + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)
+    if skipped:
+        md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]
+    return "\n".join(md), console, verdicts
+
+
+def env_header(rows: list[dict]) -> list[str]:
+    """What produced the numbers: hardware, driver, software versions, Horovod build, host and dates."""
+    recs = [rec for r in rows for rec in r["_recs"]]
+    env = [rec.get("env") or {} for rec in recs]
+    vals = lambda k: ", ".join(sorted({str(e[k]) for e in env if e.get(k) not in (None, "", [])})) or "—"  # noqa
+    device, hw = rows[0]["device_type"], rows[0]["hardware"]
+    if device == "cuda":
+        count = max([e.get("gpu_count") or 0 for e in env] + [r["world_size"] for r in rows])
+        lines = [f"- **Hardware:** {count} × {hw} on the host (up to {max(r['world_size'] for r in rows)} used); "
+                 f"driver {vals('driver')}"]
+    else:
+        lines = [f"> {CPU_CAVEAT}", "", f"- **Hardware:** CPU, {vals('cpu_count')} cores ({hw.removeprefix('CPU: ')}); "
+                                        "no GPU used"]
+    lines.append(f"- **Software:** torch {vals('torch')}, torchvision {vals('torchvision')}, CUDA {vals('cuda')}, "
+                 f"cuDNN {vals('cudnn')}, NCCL {vals('nccl')}, Python {vals('python')}"
+                 + (" (CPU runs use gloo: the CUDA and NCCL builds were not exercised)" if device == "cpu" else ""))
+    torches = sorted({str(e["torch"]) for e in env if e.get("torch")})
+    if len(torches) > 1:
+        lines.append(f"- **Warning: {len(torches)} torch versions** ({', '.join(torches)}) produced these records: a "
+                     "difference between rows may come from torch, not the backend. Compare runs of one version "
+                     "(install from requirements.lock on every machine, or one `TORCH=system` build).")
+    builds = [json.loads(h) for h in dict.fromkeys(json.dumps(e["horovod"]) for e in env if e.get("horovod"))]
+    builds = [f"{b.pop('version', '?')} (" + "; ".join(f"{k}: {v}" for k, v in b.items()) + ")" for b in builds]
+    lines.append("- **Horovod build:** " + (" | ".join(builds) or "not used"))
+    lines.append(f"- **Host:** {vals('hostname')}; git {vals('git_commit')}; runs from "
+                 f"{min(str(e.get('started_at')) for e in env)} to "
+                 f"{max(str(rec.get('finished_at') or e.get('started_at')) for rec, e in zip(recs, env))}")
+    topo = sorted({e["topology"] for e in env if e.get("topology")})
+    if topo:
+        lines.append(f"\n<details><summary>GPU topology (nvidia-smi topo -m)</summary>\n\n```\n{topo[0]}\n```\n"
+                     "</details>")
+    return lines
+
+
+def throughput_table(ok: list[dict], unit: str) -> str:
+    def interval(r):
+        text = f"{r['ci95_low_img_s']:,.1f} – {r['ci95_high_img_s']:,.1f} img/s"
+        return text + (" (within-run only)" if r["interval"] == WITHIN_RUN else "")
+
+    return md_table(
+        ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "CV across runs",
+         "per-device throughput", "ImageNet-1k epoch"],
+        [[f"**{label(r)}** {STAR}" if r["best_at_world_size"] else label(r), r["world_size"], r["precision"],
+          f"{r['runs_ok']} ({len(r['_samples'])})", fmt(r["global_img_s"], "img/s"), interval(r),
+          fmt(r["cv_runs_pct"], "%"), fmt(r["per_device_img_s"], "img/s"), duration(epoch_seconds(r["global_img_s"]))]
+         for r in ok], {1, 3, 4, 5, 6, 7, 8})
+
+
+def efficiency_table(ok: list[dict], unit: str) -> str:
+    """With runs over several nodes, two more columns split their efficiency: within a node (the same backend on
+    one node at the processes per node, vs its own @1) and across nodes (vs node count × that one-node run)."""
+    nodes = any((r.get("nnodes") or 1) > 1 for r in ok)
+    extra = ["intra-node efficiency", "inter-node efficiency"] if nodes else []
+    return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1",
+                     "efficiency vs own@1", *extra],
+                    [[label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], "img/s"),
+                      fmt(r["eff_vs_single_pct"], "%"), fmt(r["eff_vs_own_ws1_pct"], "%")]
+                     + ([fmt(r.get("intra_node_eff_pct"), "%"), fmt(r.get("inter_node_eff_pct"), "%")] if nodes else [])
+                     for r in ok], {1, 3, 4, 5, 6, 7})
+
+
+def memory_table(ok: list[dict], device: str) -> str:
+    """One row per ok run; on GPU, device 0's excess over the others shows nn.DataParallel's imbalance."""
+    from bench.core import stats
+
+    per = lambda xs: " · ".join(f"{i}: {b / GiB:.2f}" for i, b in xs) + " GiB" if xs else None  # noqa: E731
+    rows = []
+    for r in ok:
+        for rec in (x for x in r["_recs"] if x["status"] == "ok"):
+            if device != "cuda":
+                rss = rec.get("host_peak_rss_bytes") or []
+                warm = max([b for b in rec.get("warmup_host_peak_rss_bytes") or [] if b], default=None)
+                rows.append([label(r), r["world_size"], rec["run_id"], per(list(enumerate(rss))),
+                             fmt(stats.imbalance(rss), "× (max/mean)", 2), fmt(warm and warm / GiB, "GiB", 2)])
+                continue
+            mem = device_memory(rec)
+            res = [m["reserved"] for m in mem if m["reserved"] is not None]
+            excess = res[0] - sum(res[1:]) / len(res[1:]) if len(res) > 1 else None
+            nvml = max([m["nvml"] for m in mem if m["nvml"]], default=None)
+            per_device = [per([(m["index"], m[k]) for m in mem if m[k] is not None]) for k in ("reserved", "allocated")]
+            warm = max([m["warmup_reserved"] for m in mem if m["warmup_reserved"]], default=None)
+            rows.append([label(r), r["world_size"], rec["run_id"], *per_device, fmt(nvml and nvml / GiB, "GiB", 2),
+                         fmt(stats.imbalance(res), "× (max/mean)", 2),
+                         None if excess is None else f"{excess / GiB:+.2f} GiB", fmt(warm and warm / GiB, "GiB", 2)])
+    if device != "cuda":
+        return md_table(["backend", "CPU workers", "run", "host peak RSS, rank: GiB", "imbalance (RSS)",
+                         "warm-up peak RSS, max"], rows, {1, 4, 5})
+    return md_table(["backend", "GPUs", "run", "peak reserved, device: GiB", "peak allocated, device: GiB",
+                     "NVML used, max", "imbalance (reserved)", "device 0 − mean of the others",
+                     "warm-up peak reserved, max"], rows, {1, 5, 6, 7, 8})
+
+
+def notes(ok: list[dict]) -> list[str]:
+    lines = [f"- `{label(r)}` ×{r['world_size']}: {r['note']}" for r in ok if r["note"]]
+    lines += [f"- ⚠ `{label(r)}` ×{r['world_size']} run {rec['run_id']}: replicas hold DIFFERENT parameters after "
+              "training" for r in ok for rec in r["_recs"] if rec.get("replicas_consistent") is False]
+    for r in ok:
+        for rec in r["_recs"]:
+            hit = [i + 1 for i, n in enumerate(rec.get("skipped_steps") or []) if n]
+            if hit:
+                lines.append(f"- ⚠ `{label(r)}` ×{r['world_size']} run {rec['run_id']}: GradScaler skipped "
+                             f"{sum(rec['skipped_steps'])} optimizer step(s) (fp16 overflow) in window(s) "
+                             f"{', '.join(map(str, hit))}: those windows timed fewer real updates")
+    lines += cudnn_lines(ok)
+    lines += [f"- `{label(r)}` ×{r['world_size']}: memory imbalance {r['memory_imbalance']:.2f}× (max/mean reserved) "
+              f"is reported from its cudnn.benchmark-off run; with the knob on it measured "
+              f"{r['memory_imbalance_with_search']:.2f}×, which holds cuDNN's algorithm search repeated in "
+              "DataParallel's new replica threads every step (cuDNN's cache is per thread)"
+              for r in ok if r.get("memory_imbalance_from")]
+    return ["Notes:", ""] + lines + [""] if lines else []
+
+
+def cudnn_lines(ok: list[dict]) -> list[str]:
+    """Where a backend ran with cudnn.benchmark on and off at one world size: both figures and what they mean."""
+    out = []
+    for (backend, n, precision), rs in groups(ok, ("backend", "world_size", "precision")):
+        on = [r for r in rs if r[KNOB] is True]
+        off = [r for r in rs if r[KNOB] is False]
+        if not (on and off and on[0]["global_img_s"] and off[0]["global_img_s"]):
+            continue
+        a, b = on[0], off[0]
+        ratio = a["global_img_s"] / b["global_img_s"]
+        overlap = a["ci95_low_img_s"] <= b["ci95_high_img_s"] and b["ci95_low_img_s"] <= a["ci95_high_img_s"]
+        if overlap:
+            verdict = "Here the 95% intervals overlap: no difference is established."
+        elif ratio < 1:
+            verdict = ("Here off is faster: the on figure includes that repeated search, which says more about "
+                       "cuDNN's cache than about DataParallel's design.")
+        else:
+            verdict = "Here on is faster: the search is not repeated at a cost that shows, and the on figure stands."
+        out.append(
+            f"- `{backend}` ×{n} {precision}, cudnn.benchmark on vs off: {on[0]['global_img_s']:,.1f} vs "
+            f"{off[0]['global_img_s']:,.1f} img/s (on/off = {ratio:.2f}). cuDNN keeps its benchmark cache per "
+            "thread, and nn.DataParallel runs each replica in a new thread on every forward, so with the knob on "
+            "its replicas may repeat the algorithm search every step. " + verdict)
+    return out

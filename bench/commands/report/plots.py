@@ -1,0 +1,150 @@
+"""Plots: one figure per kind per workload, PNG (dpi 120, for the README) and SVG."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.commands.report.common import BASELINE, GiB, label
+from bench.commands.report.summary import device_memory
+
+
+def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 10, "axes.titlesize": 11})
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    multi_precision = len({r["precision"] for r in ok}) > 1
+    series: dict[str, list[dict]] = {}
+    for r in ok:
+        series.setdefault(label(r) + (f" {r['precision']}" if multi_precision else ""), []).append(r)
+    color = {name: plt.cm.tab10(i % 10) for i, name in enumerate(series)}
+    files = []
+    for kind, draw in (("throughput", _plot_throughput), ("efficiency", _plot_efficiency),
+                       ("memory", _plot_memory), ("step-time", _plot_step_time)):
+        fig, heading = draw(plt, ok, series, color, unit, device)
+        fig.suptitle(f"{heading}\n{title}", fontsize=10)
+        fig.tight_layout()
+        for ext in ("png", "svg"):
+            fig.savefig(f"{stem}-{kind}.{ext}", dpi=120)
+        plt.close(fig)
+        files.append((kind, f"{stem.name}-{kind}.png"))
+    return files
+
+
+def _world_size_axis(ax, rows, unit):
+    sizes = sorted({r["world_size"] for r in rows})
+    ax.set_xticks(sizes)
+    ax.set_xlim(0.5, sizes[-1] + 0.5)
+    ax.set_xlabel(f"{unit} (world size)")
+    ax.grid(alpha=0.3)
+
+
+def _plot_throughput(plt, ok, series, color, unit, device):
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for name, rs in series.items():
+        y = [r["global_img_s"] for r in rs]
+        err = [[r["global_img_s"] - r["ci95_low_img_s"] for r in rs],
+               [r["ci95_high_img_s"] - r["global_img_s"] for r in rs]]
+        ax.errorbar([r["world_size"] for r in rs], y, yerr=err, marker="o", capsize=4, color=color[name], label=name)
+    # ideal linear scaling from single@1 (one line per precision); without it, from the best world-size-1 run
+    top = max(r["world_size"] for r in ok)
+    base = [r for r in ok if r["backend"] == BASELINE and r["world_size"] == 1]
+    for b in base or sorted((r for r in ok if r["world_size"] == 1), key=lambda r: -r["global_img_s"])[:1]:
+        ax.plot([1, top], [b["global_img_s"], top * b["global_img_s"]], "--", color="gray",
+                label=f"ideal linear: N × {label(b)}@1 {b['precision']}")
+    _world_size_axis(ax, ok, unit)
+    ax.set_ylabel("global throughput (img/s)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=9)
+    return fig, f"Throughput vs {unit}: median and 95% interval"
+
+
+def _plot_efficiency(plt, ok, series, color, unit, device):
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.8), sharey=True)
+    for ax, col, what in zip(axes, ("eff_vs_single_pct", "eff_vs_own_ws1_pct"), (f"vs {BASELINE}@1", "vs own@1")):
+        drawn = False
+        for name, rs in series.items():
+            pts = [(r["world_size"], r[col]) for r in rs if r[col] is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", color=color[name], label=name)
+                drawn = True
+        ax.axhline(100, ls="--", color="gray", label="ideal (100 %)")
+        if not drawn:
+            ax.text(0.5, 0.5, "no such baseline in these records", transform=ax.transAxes, ha="center", color="gray")
+        _world_size_axis(ax, ok, unit)
+        ax.set_title(what)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("scaling efficiency (%)")
+    axes[0].set_ylim(bottom=0)
+    return fig, "Scaling efficiency: thr(N) / (N × thr(baseline, 1))"
+
+
+def _panels(plt, ok, series, unit):
+    """Small multiples: one panel per world size, each grouping that world size's configurations by backend."""
+    sizes = sorted({r["world_size"] for r in ok})
+    cols, rows = min(len(sizes), 2), -(-len(sizes) // 2)
+    fig, axes = plt.subplots(rows, cols, figsize=(8, 4.8) if len(sizes) == 1 else (10, 1.2 + 3.4 * rows),
+                             sharey=True, squeeze=False)
+    for ax in axes.flat[len(sizes):]:
+        ax.set_visible(False)
+    name_of, panels = {id(r): name for name, rs in series.items() for r in rs}, []
+    for ax, n in zip(axes.flat, sizes):
+        group = [r for r in ok if r["world_size"] == n]
+        ax.set_xticks(range(len(group)), [name_of[id(r)] for r in group], rotation=20 if len(group) > 3 else 0,
+                      ha="right" if len(group) > 3 else "center")
+        ax.set_xlim(-0.6, max(len(group), 2) - 0.4)  # one group does not fill the panel
+        ax.set_title(f"{n} {unit.removesuffix('s') if n == 1 else unit}")
+        ax.grid(axis="y", alpha=0.3)
+        panels.append((ax, group))
+    return fig, panels
+
+
+def _plot_memory(plt, ok, series, color, unit, device):
+    """Grouped bars per backend (its latest ok run): one bar per GPU, or per rank on CPU."""
+    gpu = device == "cuda"
+    fig, panels = _panels(plt, ok, series, unit)
+    for ax, group in panels:
+        for g, r in enumerate(group):
+            rec = [x for x in r["_recs"] if x["status"] == "ok"][-1]
+            devs = ([(m["index"], m["reserved"] or 0, m["allocated"] or 0) for m in device_memory(rec)] if gpu
+                    else [(i, b or 0, 0) for i, b in enumerate(rec.get("host_peak_rss_bytes") or [])])
+            width = 0.8 / max(1, len(devs))
+            for d, (index, main, inner) in enumerate(devs):
+                x, c = g + width * (d - (len(devs) - 1) / 2), plt.cm.tab10(d % 10)
+                ax.bar(x, main / GiB, width * 0.95, color=c, alpha=0.45 if gpu else 0.9,
+                       label=f"{'GPU' if gpu else 'rank'} {index}")
+                if gpu:
+                    ax.bar(x, inner / GiB, width * 0.55, color=c)
+            if devs and r["memory_imbalance"] and r["world_size"] > 1:
+                off = " (cudnn off)" if r.get("memory_imbalance_from") else ""  # dp: summary.dp_imbalance_from_cudnn_off
+                ax.annotate(f"{r['memory_imbalance']:.2f}×{off}", (g, max(m for _, m, _ in devs) / GiB), ha="center",
+                            va="bottom", fontsize=9)
+        ax.margins(y=0.15)
+    panels[0][0].set_ylabel("peak memory per GPU (GiB)" if gpu else "host peak RSS per rank (GiB)")
+    ax, _ = panels[-1]
+    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+    if handles:
+        ax.legend(handles.values(), handles.keys(), fontsize=8, ncol=min(4, len(handles)))
+    return fig, (("Per-GPU peak memory: reserved (light), allocated (dark)" if gpu else "Per-rank host peak memory")
+                 + "; above the bars: imbalance max/mean")
+
+
+def _plot_step_time(plt, ok, series, color, unit, device):
+    """Box per configuration over its raw windows (time per step), the windows themselves as points."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    color_of = {id(r): color[name] for name, rs in series.items() for r in rs}
+    fig, panels = _panels(plt, ok, series, unit)
+    for ax, group in panels:
+        data = [[1000 * t / rec["steps_per_window"] for rec in r["_recs"] if rec["status"] == "ok"
+                 for t in rec["window_seconds"]] for r in group]
+        ax.boxplot(data, positions=range(len(group)), widths=0.5, medianprops={"color": "black"}, showfliers=False,
+                   manage_ticks=False)
+        for i, (d, r) in enumerate(zip(data, group)):
+            ax.scatter(i + rng.uniform(-0.12, 0.12, len(d)), d, s=16, color=color_of[id(r)], zorder=3)
+    panels[0][0].set_ylim(bottom=0)  # after all panels have data: the y axis is shared
+    panels[0][0].set_ylabel("time per step (ms)")
+    return fig, "Step-time distribution from the raw window times (one point per timed window)"

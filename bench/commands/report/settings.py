@@ -1,0 +1,58 @@
+"""The "Backend settings" section: per backend in the records, the ``backend_info`` settings that tilt a comparison
+between backends (DESIGN.md: defaults are part of the measurement), side by side, so a reader sees what each
+backend ran with before comparing its throughput or memory with another's."""
+from __future__ import annotations
+
+from bench.commands.report.common import label, md_table, sort_rows
+
+MiB = 2 ** 20
+
+
+def bucket(info: dict) -> str | None:
+    """The gradient bucket, in MiB of fp32 elements: DDP's ``bucket_cap_mb``, DeepSpeed's ``bucket_elements``."""
+    if info.get("bucket_cap_mb") is not None:
+        return f"{info['bucket_cap_mb']:g} MiB"
+    if info.get("bucket_elements") is not None:
+        return f"{info['bucket_elements'] * 4 / MiB:g} MiB"
+    return None
+
+
+def yes_no(value) -> str | None:
+    return None if value is None else "on" if value else "off"
+
+
+# (column, how to read it from backend_info); None in a cell: the backend has no such setting
+COLUMNS = [
+    ("grad reduce dtype", lambda i: i.get("grad_reduce_dtype")),
+    ("overlap comm", lambda i: yes_no(i.get("overlap_comm"))),
+    ("bucket", bucket),
+    ("grad norm", lambda i: i.get("grad_norm")),
+    ("throughput timer", lambda i: i.get("throughput_timer")),
+    ("params as bucket view", lambda i: yes_no(i.get("parameters_as_bucket_view"))),
+    ("norms fp32 via", lambda i: i.get("norm_fp32_via")),
+    ("compile", lambda i: i.get("compile")),
+]
+
+
+def section(summary_rows: list[dict]) -> list[str]:
+    """One row per backend (with its options) and precision among the ok records; where runs of one row
+    disagree, every value they recorded, joined by " / "."""
+    table: dict[tuple, list[set]] = {}
+    for r in sort_rows([r for r in summary_rows if r["runs_ok"]]):
+        key = (label(r), r["precision"])
+        cells = table.setdefault(key, [set() for _ in COLUMNS])
+        for rec in r["_recs"]:
+            info = rec.get("backend_info") if rec.get("status") == "ok" else None
+            if info:
+                for cell, (_, read) in zip(cells, COLUMNS):
+                    value = read(info)
+                    if value is not None:
+                        cell.add(str(value))
+    if not table:
+        return []
+    rows = [[name, precision, *(" / ".join(sorted(c)) or "—" for c in cells)] for (name, precision), cells in table.items()]
+    return ["## Backend settings", "",
+            "Library defaults differ between backends and tilt a comparison, so the suite sets them on purpose and "
+            "records them (`backend_info`). Gradients are reduced in fp32 unless a knob asks for compression. "
+            "— : the backend has no such setting.", "",
+            md_table(["backend", "precision", *(c for c, _ in COLUMNS)], rows), ""]

@@ -1,0 +1,169 @@
+"""Records to one row per configuration: run-level throughput, memory, efficiency and the best mark."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.commands.report.common import BASELINE, BASELINE_MATCH, KNOB, OWN_MATCH, SECTION, WORKLOAD, GiB
+
+
+def usable_records(src: Path, warn) -> list[dict]:
+    """Records that can be grouped and summarised; a malformed one is skipped with one warning."""
+    from bench.core import results
+
+    out = []
+    for rec in results.load(src, warn=warn):
+        try:
+            rec["_key"] = dict(zip(results.CONFIG_KEYS, results.config_key(rec)))
+            if not isinstance(rec["world_size"], int) or rec["world_size"] < 1:
+                raise ValueError(f"world_size {rec['world_size']!r}")
+            device_memory(rec)  # raises on malformed memory entries
+            if rec["status"] == "ok" and not window_throughputs(rec):
+                raise ValueError("status ok but no timed windows")
+            out.append(rec)
+        except Exception as e:  # noqa: BLE001 - whatever is malformed: skip this record, keep the report
+            warn(f"skipping {rec.get('_path')}: malformed record ({type(e).__name__}: {e})")
+    return out
+
+
+def window_throughputs(rec: dict) -> list[float]:
+    """Global img/s of each raw timed window (empty when the record has none)."""
+    from bench.core import stats
+
+    thr = stats.record_throughputs(rec)
+    return [] if thr is None else thr.tolist()
+
+
+def device_memory(rec: dict) -> list[dict]:
+    """Per-device peak memory in bytes, ordered by device index (empty on CPU)."""
+    mem = sorted(rec.get("memory") or [], key=lambda m: (m.get("device_index") is None, m.get("device_index")))
+    return [{"index": m.get("device_index", i), "reserved": m.get("peak_reserved_bytes"),
+             "allocated": m.get("peak_allocated_bytes"), "nvml": m.get("nvml_used_bytes"),
+             "warmup_reserved": m.get("warmup_peak_reserved_bytes")} for i, m in enumerate(mem)]
+
+
+def summarise(recs: list[dict]):
+    """One row per configuration: run-level throughput, memory, counts, then efficiency and the best mark."""
+    import pandas as pd
+
+    from bench.core import results, stats
+
+    df = pd.DataFrame([{**r["_key"], "_rec": r} for r in recs])
+    rows = []
+    for key, g in df.groupby(list(results.CONFIG_KEYS), sort=False, dropna=False):
+        group = sorted(g["_rec"], key=lambda r: str(r["run_id"]))
+        ok = [r for r in group if r["status"] == "ok"]
+        thr = stats.summarise_runs([stats.record_throughputs(r) for r in ok])
+        samples = [x for r in ok for x in window_throughputs(r)]
+        row = dict(zip(results.CONFIG_KEYS, key), runs_ok=len(ok), runs_not_ok=len(group) - len(ok),
+                   status="ok" if ok else group[-1]["status"], reason=None if ok else group[-1]["reason"],
+                   note="; ".join(sorted({r["note"] for r in group if r.get("note")})) or None,
+                   global_img_s=thr["median"], ci95_low_img_s=None, ci95_high_img_s=None, interval=thr["interval"],
+                   cv_runs_pct=None if thr["cv_runs"] is None else 100 * thr["cv_runs"],
+                   per_device_img_s=None if thr["median"] is None else thr["median"] / key[1])
+        if thr["ci95"]:
+            row.update(ci95_low_img_s=thr["ci95"][0], ci95_high_img_s=thr["ci95"][1])
+        dev = [device_memory(r) for r in ok]
+        peak = lambda field: max([m[field] for d in dev for m in d if m[field]], default=None)  # noqa: E731
+        rss = [b for r in ok for b in r.get("host_peak_rss_bytes") or [] if b]
+        # imbalance: reserved bytes over the GPUs; on CPU, host RSS over the ranks (the only measure there)
+        imb = [stats.imbalance([m["reserved"] for m in d] if d else r.get("host_peak_rss_bytes") or [])
+               for d, r in zip(dev, ok)]
+        gib = lambda b: b / GiB if b else None  # noqa: E731
+        row.update(peak_reserved_max_gib=gib(peak("reserved")), peak_allocated_max_gib=gib(peak("allocated")),
+                   warmup_peak_reserved_max_gib=gib(peak("warmup_reserved")), host_rss_max_gib=gib(max(rss, default=None)),
+                   memory_imbalance=max([x for x in imb if x is not None], default=None),
+                   skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples)
+        row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
+        rows.append(row)
+    dp_imbalance_from_cudnn_off(rows)
+    return nones(add_efficiency(nones(pd.DataFrame(rows))))
+
+
+def dp_imbalance_from_cudnn_off(rows: list[dict]) -> None:
+    """DataParallel's memory imbalance, where it ran with cudnn.benchmark both on and off, is the off run's.
+
+    cuDNN keeps its benchmark cache per thread, and nn.DataParallel runs each replica in a new thread on every
+    forward, so with the knob on every step may repeat the algorithm search, and its workspaces land in the
+    timed windows' peaks, on some GPUs more than others. The on run's own figure stays as
+    ``memory_imbalance_with_search``; ``memory_imbalance_from`` says where the reported one comes from."""
+    from bench.core import results
+
+    same = lambda r: tuple(str(r[k]) for k in results.CONFIG_KEYS if k != KNOB)  # noqa: E731
+    knob = lambda r: None if r[KNOB] is None or r[KNOB] != r[KNOB] else bool(r[KNOB])  # numpy bool, NaN  # noqa: E731
+    off = {same(r): r for r in rows if knob(r) is False and r["memory_imbalance"] is not None}
+    for r in rows:
+        r["memory_imbalance_from"] = r["memory_imbalance_with_search"] = None
+        if r["backend"] == "dp" and knob(r) is True and same(r) in off:
+            r["memory_imbalance_with_search"] = r["memory_imbalance"]
+            r["memory_imbalance"] = off[same(r)]["memory_imbalance"]
+            r["memory_imbalance_from"] = "cudnn.benchmark off"
+
+
+def hardware_fields(ok: list[dict], throughput, world_size) -> dict:
+    """The compute-only reference (run level, like the throughput), FLOPs, MFU and energy of a configuration."""
+    import numpy as np
+
+    from bench.core import stats
+    from bench.rank import flops
+
+    co = stats.summarise_runs([stats.window_throughputs(r["compute_only_window_seconds"],
+                                                        r["global_batch"] * r["steps_per_window"])
+                               for r in ok if r.get("compute_only_window_seconds")])
+    keeps = {(r.get("compute_only") or {}).get("keeps") for r in ok} - {None}
+    why = {(r.get("compute_only") or {}).get("reason") for r in ok} - {None}
+    per_sample = next((r["flops_per_sample"] for r in ok if r.get("flops_per_sample")), None)
+    peak = next((r["peak_tflops_per_device"] for r in ok if r.get("peak_tflops_per_device")), None)
+    med = lambda k: float(np.median([r[k] for r in ok if r.get(k) is not None])) if any(  # noqa: E731
+        r.get(k) is not None for r in ok) else None
+    return {"compute_only_img_s": co["median"], "compute_only_keeps": "; ".join(sorted(keeps)) or None,
+            "compute_only_reason": "; ".join(sorted(why)) or None, "flops_per_sample": per_sample,
+            "achieved_tflops_per_device": per_sample * throughput / world_size / 1e12 if per_sample and throughput
+            else None, "mfu_pct": 100 * flops.mfu(per_sample, throughput, peak, world_size) if peak and per_sample
+            and throughput else None, "peak_tflops_per_device": peak, "joules_per_image": med("joules_per_image"),
+            "mean_watts": med("mean_watts")}
+
+
+def nones(df):
+    """Missing values as None, never NaN (NaN is truthy, and prints as "nan" where a cell must stay empty)."""
+    df = df.astype(object)
+    return df.where(df.notna(), None)
+
+
+def add_efficiency(s):
+    """Efficiency (%) against single@1 and against the backend's own world-size-1 run; None: no baseline.
+    The best mark goes to the highest median at each world size, per precision (fp16 is not ranked
+    against fp32)."""
+    rows = s.to_dict("records")
+    key = lambda r, keys: tuple(r[k] for k in keys)  # noqa: E731
+    at1 = [r for r in rows if r["world_size"] == 1 and r["global_img_s"]]
+    single = {(key(r, BASELINE_MATCH), r[KNOB]): r["global_img_s"] for r in at1 if r["backend"] == BASELINE}
+    own = {(key(r, OWN_MATCH), r[KNOB]): r["global_img_s"] for r in at1}
+
+    def base_of(r, table, keys):
+        for knob in dict.fromkeys((r[KNOB], True, None)):  # the same cuDNN setting, else the default
+            if (key(r, keys), knob) in table:
+                return table[(key(r, keys), knob)]
+        return None
+
+    for col, table, keys in (("eff_vs_single_pct", single, BASELINE_MATCH), ("eff_vs_own_ws1_pct", own, OWN_MATCH)):
+        bases = [base_of(r, table, keys) if r["global_img_s"] else None for r in rows]
+        s[col] = [100.0 * r["global_img_s"] / (r["world_size"] * b) if b else None for r, b in zip(rows, bases)]
+    # Several nodes: intra-node = the same backend on one node at the processes per node, against its own @1;
+    # inter-node = thr(N over k nodes) / (k x thr(N/k on one node)), what crossing the network costs.
+    one_node = {(key(r, OWN_MATCH), r["world_size"], r[KNOB]): r for r in rows
+                if (r.get("nnodes") or 1) == 1 and r["global_img_s"]}
+    own_eff, intra, inter = list(s["eff_vs_own_ws1_pct"]), [], []
+    for r in rows:
+        nodes = r.get("nnodes") or 1
+        local = one_node.get((key(r, OWN_MATCH), r["world_size"] // nodes, r[KNOB])) if nodes > 1 else None
+        intra.append(own_eff[rows.index(local)] if local is not None else None)
+        inter.append(100.0 * r["global_img_s"] / (nodes * local["global_img_s"])
+                     if local is not None and r["global_img_s"] else None)
+    s["intra_node_eff_pct"], s["inter_node_eff_pct"] = intra, inter
+    best = {}
+    for i, r in enumerate(rows):
+        k = key(r, SECTION + WORKLOAD + ("world_size", "precision")) + (r.get("nnodes") or 1,)
+        if r["global_img_s"] and (k not in best or r["global_img_s"] > rows[best[k]]["global_img_s"]):
+            best[k] = i
+    s["best_at_world_size"] = [i in best.values() for i in range(len(rows))]
+    return s

@@ -1,0 +1,174 @@
+"""The verdict: for each hardware / workload / precision / world size, the backend to train with, its evidence,
+and what every alternative costs relative to it.
+
+Pure functions on the summary rows (``summary.summarise``), using the intervals it computed. A difference is
+*established* only when the two 95% intervals do not overlap and both come from several runs; where the best
+median's interval overlaps another's, or the intervals are within-run only (one run each), no winner is named.
+"""
+from __future__ import annotations
+
+from bench.commands.report import comm
+from bench.commands.report.common import BASELINE, SECTION, WITHIN_RUN, WORKLOAD, groups, label, sort_rows
+from bench.commands.report.summary import device_memory
+
+IMAGENET_TRAIN_IMAGES = 1_281_167  # ImageNet-1k (ILSVRC 2012) training set
+GROUP = SECTION + WORKLOAD + ("precision", "world_size")
+
+
+def epoch_seconds(img_s) -> float | None:
+    """Estimated time of one ImageNet-1k epoch at this global throughput (compute only: no input pipeline)."""
+    return IMAGENET_TRAIN_IMAGES / img_s if img_s else None
+
+
+def duration(seconds) -> str | None:
+    if seconds is None:
+        return None
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{seconds:.1f} s"
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Whether the 95% intervals of two summary rows overlap (a row without an interval overlaps everything)."""
+    lo_a, hi_a, lo_b, hi_b = a["ci95_low_img_s"], a["ci95_high_img_s"], b["ci95_low_img_s"], b["ci95_high_img_s"]
+    if None in (lo_a, hi_a, lo_b, hi_b):
+        return True
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
+def device0_ratio(r: dict) -> float | None:
+    """Device 0's peak reserved memory over the mean of the other devices (nn.DataParallel's GPU-0 problem); the
+    largest over the ok runs. None with fewer than two devices measured."""
+    ratios = []
+    for rec in r["_recs"]:
+        res = [m["reserved"] for m in device_memory(rec) if m["reserved"]] if rec["status"] == "ok" else []
+        if len(res) > 1:
+            ratios.append(res[0] / (sum(res[1:]) / len(res[1:])))
+    return max(ratios, default=None)
+
+
+def peak_memory(r: dict) -> tuple[float | None, str]:
+    """The largest peak per device (reserved GiB on GPU, host RSS per rank on CPU) and what it is."""
+    if r["peak_reserved_max_gib"]:
+        return r["peak_reserved_max_gib"], "GiB peak reserved per GPU (largest)"
+    return r["host_rss_max_gib"], "GiB host peak RSS per rank (largest)"
+
+
+def evidence(r: dict) -> str:
+    """Throughput with its interval, efficiency, memory, exposed communication and the epoch estimate."""
+    parts = [f"{r['global_img_s']:,.1f} img/s (95% interval {r['ci95_low_img_s']:,.1f}–{r['ci95_high_img_s']:,.1f}"
+             + (", within-run only)" if r["interval"] == WITHIN_RUN else f", {r['runs_ok']} runs)")]
+    if r["world_size"] > 1 and r["eff_vs_single_pct"] is not None:
+        parts.append(f"{r['eff_vs_single_pct']:.0f}% scaling efficiency vs {BASELINE}@1")
+    elif r["world_size"] > 1 and r["eff_vs_own_ws1_pct"] is not None:
+        parts.append(f"{r['eff_vs_own_ws1_pct']:.0f}% scaling efficiency vs its own @1")
+    gib, what = peak_memory(r)
+    if gib:
+        parts.append(f"{gib:.2f} {what}")
+    s = comm.split(r)
+    if s:
+        parts.append(f"exposed communication {s['exposed_ms']:.1f} ms/step ({100 * s['exposed_share']:.0f}% of the step)")
+    parts.append(f"ImageNet-1k epoch ≈ {duration(epoch_seconds(r['global_img_s']))}")
+    return ", ".join(parts)
+
+
+def cost(alt: dict, best: dict) -> str:
+    """What choosing ``alt`` instead of ``best`` costs: speed (with an interval for the difference), memory."""
+    slower = 1 - alt["global_img_s"] / best["global_img_s"]
+    if overlap(alt, best):
+        parts = [f"{100 * abs(slower):.0f}% {'slower' if slower >= 0 else 'faster'} by the medians, within noise "
+                 "(the 95% intervals overlap: the difference is not established)"]
+    else:  # the conservative range of the ratio over both intervals
+        lo = 1 - alt["ci95_high_img_s"] / best["ci95_low_img_s"]
+        hi = 1 - alt["ci95_low_img_s"] / best["ci95_high_img_s"]
+        within = WITHIN_RUN in (alt["interval"], best["interval"])
+        parts = [f"{100 * slower:.0f}% slower (CI {100 * lo:.0f}–{100 * hi:.0f}%{', within-run only' if within else ''})"]
+    ratio = device0_ratio(alt)
+    if ratio and ratio >= 1.2:
+        parts.append(f"GPU 0 holds {ratio:.1f}× the memory of the others")
+    mem_alt, mem_best = peak_memory(alt)[0], peak_memory(best)[0]
+    if mem_alt and mem_best and abs(mem_alt / mem_best - 1) >= 0.1:
+        parts.append(f"{mem_alt / mem_best:.2f}× the peak memory per {'GPU' if alt['peak_reserved_max_gib'] else 'rank'}"
+                     f" ({mem_alt:.2f} vs {mem_best:.2f} GiB)")
+    return ", ".join(parts)
+
+
+def title(r: dict) -> str:
+    unit = "GPU" if r["device_type"] == "cuda" else "CPU worker"
+    n = r["world_size"]
+    nodes = f" over {r['nnodes']} nodes" if (r.get("nnodes") or 1) > 1 else ""
+    return (f"{r['hardware']}, {r['model']} {r['image_size']}px batch {r['batch_per_device']}/device "
+            f"{r['data']}, {r['precision']}, {n} {unit}{'s' if n > 1 else ''}{nodes}")
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    """One verdict per group: ``title``, ``established`` (a winner is named), ``headline``, ``evidence`` (the
+    recommended backend's, or every tied backend's) and ``alternatives`` (one line each)."""
+    keyed = [{**r, "_group": tuple(r[k] for k in GROUP) + (r.get("nnodes") or 1,)} for r in rows]
+    out = []
+    for _, g in sorted(groups(keyed, ("_group",)), key=lambda kv: (kv[1][0]["device_type"] != "cuda", str(kv[0]))):
+        ok = sorted([r for r in g if r["runs_ok"] and r["global_img_s"]], key=lambda r: -r["global_img_s"])
+        not_ok = sort_rows([r for r in g if not r["runs_ok"]])
+        if not ok:
+            continue
+        best, rest = ok[0], ok[1:]
+        tied = [best] + [r for r in rest if overlap(r, best)]
+        across_runs = all(r["interval"] != WITHIN_RUN for r in ok)  # within-run intervals miss the run-to-run spread
+        v = {"title": title(best), "established": len(tied) == 1 and bool(rest) and across_runs, "best": label(best),
+             "evidence": [], "alternatives": []}
+        if not rest:
+            v["headline"] = f"Only {label(best)} ran here: nothing to compare it with."
+            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+        elif len(tied) == 1 and not across_runs:
+            v["headline"] = (f"Fastest here: {label(best)}, but no winner established: with one run per configuration "
+                             "the 95% intervals are within-run only and miss the run-to-run spread "
+                             "(repeat with `bench run --repeat 3`).")
+            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+        elif len(tied) == 1:
+            v["headline"] = f"Use {label(best)}: faster than every alternative beyond the 95% intervals."
+            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+        else:
+            names = ", ".join(label(r) for r in tied)
+            v["headline"] = (f"No winner established: the 95% intervals of {names} overlap, so their difference is "
+                             "not established (choose among them on memory or convenience, or repeat with more runs).")
+            v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
+        v["alternatives"] = [f"{label(r)}: {cost(r, best)}" for r in rest]
+        v["alternatives"] += [f"{label(r)}: {r['status']} ({r['reason'] or 'no reason recorded'})" for r in not_ok]
+        caveats = []
+        if best["device_type"] == "cpu":
+            caveats.append("CPU worker processes over gloo: this says which backend is fastest on this CPU, nothing "
+                           "about which to use on GPUs.")
+        if any(r["interval"] == WITHIN_RUN for r in ok):
+            caveats.append("Some intervals are within-run only (one run each): they understate the uncertainty; "
+                           "`bench run --repeat 3` measures the run-to-run spread.")
+        if caveats:
+            v["caveat"] = " ".join(caveats)
+        out.append(v)
+    return out
+
+
+def console_lines(vs: list[dict]) -> list[str]:
+    lines = []
+    for v in vs:
+        lines += [f"{v['title']}: {v['headline']}"] + [f"  + {e}" for e in v["evidence"]] \
+            + [f"  - {a}" for a in v["alternatives"]] + ([f"  ! {v['caveat']}"] if v.get("caveat") else [])
+    return lines
+
+
+def markdown(vs: list[dict]) -> list[str]:
+    if not vs:
+        return []
+    md = ["## Verdict", "",
+          "Per hardware, workload, precision and world size: the backend to train with and the evidence, then what "
+          "each alternative costs relative to the fastest. A winner is named only where the 95% intervals do not "
+          "overlap and come from several runs each (one run gives a within-run interval, which misses the "
+          "run-to-run spread); the ImageNet-1k epoch is 1,281,167 images / global throughput (compute only, no input "
+          "pipeline).", ""]
+    for v in vs:
+        md += [f"### {v['title']}", "", f"**{v['headline']}**", ""] + [f"- {e}" for e in v["evidence"]] + [""]
+        if v["alternatives"]:
+            md += ["Alternatives, relative to the fastest:", ""] + [f"- {a}" for a in v["alternatives"]] + [""]
+        if v.get("caveat"):
+            md += [f"> {v['caveat']}", ""]
+    return md

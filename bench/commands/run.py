@@ -1,0 +1,136 @@
+"""``python -m bench run``: plan backends x world sizes, then run each configuration as its own process tree
+(bench/launch), one record per run; ``--find-max-batch`` searches each one's largest batch instead, and
+``--external`` runs this process as one rank of a run another engine started."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import backends
+from bench.commands import _nodes
+from bench.commands._plan import add_run_arguments, check_writable, horovod_info, interleave, loader_unavailable, plan
+from bench.core.devices import usable_cpus
+from bench.core.errors import UsageError, warn
+
+
+def register(sub) -> None:
+    r = sub.add_parser("run", help="run backends x world sizes and write one JSON record per run")
+    add_run_arguments(r)
+    r.set_defaults(func=cmd_run)
+
+
+def cmd_run(args) -> int:
+    from bench import launch
+    from bench.commands import _progress as progress
+    from bench.commands import _summary as summary
+    from bench.core import results
+
+    configs, notes = plan(args)
+    if not configs:
+        raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
+    if args.external:
+        return run_external(args, configs)
+    nodes = _nodes.parse_nodes(args)
+    if nodes is not None and args.resume:
+        raise UsageError("--resume cannot be used with --nnodes: every node must run the same sweep in the same order")
+    if args.find_max_batch:
+        return find_max_batch(args, configs, notes)
+    configs = interleave(configs, args.repeat or 1)
+    results_dir = Path(args.results)
+    check_writable(results_dir)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    env_meta = results.collect_env(horovod=horovod_info(configs))
+    if args.resume:
+        configs = _not_yet_done(configs, results_dir, env_meta)
+    # Ctrl-C and SIGTERM end the sweep, whatever this process inherited: a shell script's background job starts with
+    # SIGINT ignored, and Python then never installs its KeyboardInterrupt handler, so a `kill -INT` was lost.
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    records = []
+    try:
+        with progress.Sweep(len(configs)) as bar:
+            for i, cfg in enumerate(configs, 1):
+                rep = f" (repeat {cfg.repeat_index}/{cfg.repeats})" if cfg.repeats > 1 else ""
+                knob = " cudnn.benchmark off" if cfg.cudnn_benchmark is False else ""
+                bar.start(f"{cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} {cfg.image_size}px "
+                          f"batch {cfg.batch_size}/device {cfg.precision}{knob}{rep}")
+                rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
+                                     rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "",
+                                     unavailable=loader_unavailable(cfg))
+                records.append(rec)
+                bar.finish(summary.one_line(rec))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {len(records)} of {len(configs)} runs finished; their records are in {results_dir}",
+              file=sys.stderr)
+        summary.print_table(records)
+        return 130
+    summary.print_table(records)
+    # A run whose replicas diverged measured something other than data-parallel training: fail like a crash.
+    return 1 if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records) else 0
+
+
+def find_max_batch(args, configs, notes) -> int:
+    from bench.commands import _maxbatch as maxbatch
+    from bench.core import results
+
+    device = configs[0].device_type
+    cap = args.max_batch if args.max_batch is not None else (4096 if device == "cuda" else 256)
+    if cap < 1:
+        raise UsageError(f"--max-batch must be a positive integer, got {cap}")
+    if args.memory_limit_gib is not None and (device == "cuda" or args.memory_limit_gib <= 0):
+        raise UsageError(f"--memory-limit-gib {args.memory_limit_gib:g}: a positive number of GiB, for CPU runs only "
+                         "(on GPUs the device's memory is the limit)")
+    results_dir = Path(args.results)
+    check_writable(results_dir)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    env_meta = results.collect_env(horovod=horovod_info(configs))
+    rows = maxbatch.run([c for c in configs if c.cudnn_benchmark is not False], results_dir, env_meta, cap,
+                        args.memory_limit_gib, lambda line: print(line, flush=True))
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+def _not_yet_done(configs, results_dir, env_meta):
+    """--resume: drop the runs already done. A configuration with k ok records (same grouping as reports and
+    the gate) has its first k repetitions done."""
+    from collections import Counter
+
+    from bench.core import results
+
+    done = Counter(results.config_key(r) for r in results.load(results_dir, warn=warn) if r["status"] == "ok")
+    todo = [c for c in configs if done[results.config_key(results.skeleton(c.to_dict(), "", env_meta))] < c.repeat_index]
+    print(f"resume: {len(configs) - len(todo)} of {len(configs)} runs already have an ok record in "
+          f"{results_dir}; running {len(todo)}", file=sys.stderr)
+    return todo
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_external(args, configs) -> int:
+    """Run the single planned configuration as this process's rank; global rank 0 writes the record."""
+    import socket
+
+    from bench.core import results
+    from bench.rank.entry import guarded
+
+    if len(configs) != 1 or configs[0].launcher != "torchrun":
+        raise UsageError("--external runs one torch.distributed backend (launched by torchrun otherwise: ddp, "
+                         "ddp_amp_syncbn, fsdp2, ds_zero1/2/3, ddp_zero, allreduce_manual) at the world size the "
+                         f"engine set; got {', '.join(f'{c.backend} x{c.world_size}' for c in configs)}")
+    cfg = configs[0]
+    os.environ.setdefault("LOCAL_RANK", "0")  # external_world (called by plan) exported the engine's values
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    rank = int(os.environ["RANK"])
+    spec = {"config": cfg.to_dict(), "run_id": results.new_run_id(cfg.backend, cfg.world_size),
+            "results_dir": args.results, "env": results.collect_env(), "threads_per_rank": max(1, usable_cpus()
+                                                                                                // local),
+            "launched_by": "external", "master_port": int(os.environ["MASTER_PORT"])}
+    print(f"bench run --external: rank {rank} of {cfg.world_size} on {socket.gethostname()}, {cfg.backend}",
+          file=sys.stderr, flush=True)
+    guarded(spec)
+    return 0

@@ -1,0 +1,287 @@
+"""``python -m bench verify``: prove that each backend trains the model it claims to.
+
+For each backend and world size N, train K steps from one seed on one deterministic sequence of global
+batches (``data.verify_batches``: each rank gets exactly the share a DistributedSampler gives it; ``single``
+and DataParallel get the whole global batch, the shares in rank order), evaluate the distributed way
+(``bench.evaluate``), and compare with a reference run in one process on the same global batches:
+
+- the per-step global loss (mean over the global batch: the ranks' equal shares averaged);
+- the final full parameters: distance ``||p - p_ref|| / ||p_ref - p_0||``, i.e. relative to how far the
+  reference moved from the shared initialisation ``p_0`` ("0.5": half a training run's worth of error,
+  whatever the size of the parameters), and the max abs difference.
+
+The reference is ``single`` computing what N replicas compute (``Reference``). Where each replica's
+BatchNorm normalises over its own share (dp, ddp, horovod with plain BatchNorm), it runs the global batch
+as N micro-batches of one share each and averages their gradients: that differs from plain ``single`` at the
+global batch by design (BatchNorm statistics over B, not N x B), and is the same training as the backend.
+Where BatchNorm sees the global batch (SyncBatchNorm), or the model has none, one pass over the global
+batch is the same training.
+
+Training like this is chaotic: one rounding difference in a gradient grows by one to two orders of magnitude
+a step, so after 20 steps two runs that differ only in summation order can be as far apart as two
+different trainings. So the reference reproduces the backend's arithmetic (micro-batches of the ranks'
+shapes, the ranks' thread count), and a *twin* reference that differs from it only in summation order
+(the shares in reverse order) measures how far rounding alone moves this training. A backend may deviate by
+``NOISE_FACTOR`` times the twin's deviation, at each step and at the end, and at least by the precision's
+floor (``FLOORS``). With 2 replicas the twin is bit-identical to the reference (a + b = b + a), so every
+correct backend must be too, within the floor; with more, the all-reduce's own order is rounding the twin
+imitates, and a fault still shows in the first steps, before rounding has grown.
+
+Exit codes: 0 every backend passed (skipped ones are listed with the reason), 1 one failed or could not
+run, 2 bad input.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from bench.core.devices import usable_cpus
+from bench.core.errors import UsageError
+
+# Deviations a correct backend may show where rounding alone moves nothing (the twin is bit-identical):
+# (max |loss - loss_ref| over the steps, final parameter distance relative to the update). Measured on
+# CPU over gloo (README, "Verifying the backends"): every correct backend was bit-identical there in fp32 and
+# bf16; injected faults gave loss deviations above 1e-3 and distances above 0.1.
+FLOORS = {"fp32": (1e-5, 1e-4), "bf16": (1e-3, 1e-2), "fp16": (1e-3, 1e-2)}
+NOISE_FACTOR = 10
+DEFAULTS = {"cpu": {"model": "resnet18", "image_size": 32, "batch_size": 4, "steps": 20, "eval_samples": 250},
+            "cuda": {"model": "resnet18", "image_size": 64, "batch_size": 16, "steps": 20, "eval_samples": 500}}
+PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
+
+
+def register(sub) -> None:
+    v = sub.add_parser("verify", help="train every backend K steps on the same data and compare with a "
+                                      "single-process reference (exit 1 when one trains something else)")
+    v.add_argument("--backends", default="all", help="comma-separated, or 'all'")
+    v.add_argument("--gpus", help="comma-separated world sizes (on CPU: worker processes)")
+    v.add_argument("--max-gpus", help="sweep powers of two up to N, and N itself (default: every GPU; on CPU 2 "
+                                      "workers)")
+    v.add_argument("--device", default="auto", help="auto | cuda | cpu")
+    v.add_argument("--model", help="torchvision classification model (default resnet18)")
+    v.add_argument("--batch-size", type=int, help="per-device batch (default 4 on CPU, 16 on GPU)")
+    v.add_argument("--image-size", type=int, help="square input in px (default 32 on CPU, 64 on GPU)")
+    v.add_argument("--steps", type=int, help="training steps compared (default 20)")
+    v.add_argument("--precision", help="fp32 | fp16 | bf16 (default: each backend's own)")
+    v.add_argument("--eval-samples", type=int, help="synthetic evaluation set size (default 250 on CPU, 500 on GPU)")
+    v.add_argument("--timeout", type=float, help="seconds per run before it is killed")
+    v.add_argument("--results", default="results/raw", help="records go to RESULTS/verify (default results/raw)")
+    v.add_argument("--keep-params", action="store_true", help="keep each run's parameters (.npz) after comparing")
+    v.set_defaults(func=cmd_verify)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command
+
+@dataclasses.dataclass
+class Entry:
+    backend: str
+    world_size: int
+    precision: str
+    reference: tuple | None = None  # (world size, batchnorm "local"/"global", precision)
+    record: dict | None = None
+    skipped: str | None = None
+
+
+def plan(args):
+    import backends
+    from bench.commands._plan import check_model, parse_backends, world_sizes
+    from bench.core.config import PRECISIONS
+    from bench.core.devices import detect_device
+
+    device_type, present = detect_device(args.device)
+    if not args.gpus and not args.max_gpus and device_type == "cpu":
+        args.max_gpus = str(min(2, present))
+    sizes = world_sizes(args.gpus, args.max_gpus, device_type, present)
+    names = parse_backends(args.backends)
+    d = DEFAULTS[device_type]
+    model = args.model or d["model"]
+    check_model(model)
+    if args.precision is not None and args.precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {args.precision!r}; choose from {', '.join(PRECISIONS)}")
+    for name in ("batch_size", "image_size", "steps", "eval_samples"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    base = {"device_type": device_type, "model": model, "image_size": args.image_size or d["image_size"],
+            "batch_size": args.batch_size or d["batch_size"], "steps": args.steps or d["steps"],
+            "eval_samples": args.eval_samples or d["eval_samples"], "timeout": args.timeout}
+    entries = []
+    for name in names:
+        backend = backends.create(name)
+        for n in sizes:
+            if n > (getattr(backend, "max_world_size", None) or n):
+                continue
+            entry = Entry(name, n, args.precision or backend.default_precision)
+            entry.skipped = (backend.unavailable(config(base, name, backend.launcher, n, entry.precision))
+                             or backend.no_verify_reference(entry.precision))
+            if not entry.skipped:
+                entry.reference = (n, "global" if backend.batchnorm == "global" else "local", entry.precision)
+            entries.append(entry)
+    return base, entries
+
+
+def config(base, backend, launcher, world_size, precision, batch_size=None, options=None):
+    from bench.core.config import RunConfig
+
+    return RunConfig(backend=backend, launcher=launcher, world_size=world_size, device_type=base["device_type"],
+                     model=base["model"], image_size=base["image_size"], batch_size=batch_size or base["batch_size"],
+                     warmup=2, steps=base["steps"], windows=1, precision=precision, timeout=base["timeout"],
+                     eval=True, eval_samples=base["eval_samples"], options=options or {}).validate()
+
+
+def cmd_verify(args) -> int:
+    import backends
+    from bench import launch
+    from bench.commands._plan import backend_options, check_writable, horovod_info, parse_run
+    from bench.core import results
+
+    base, entries = plan(args)
+    out = Path(args.results) / "verify"
+    check_writable(out)
+    env = results.collect_env(horovod=horovod_info([e for e in entries if not e.skipped]))
+    todo = [e for e in entries if not e.skipped]
+    cores = usable_cpus()
+
+    def run(cfg, backend, world, reference=None):
+        """One verify run; every run of world size N gets the threads one of N ranks gets."""
+        run_id = results.new_run_id(f"verify-{cfg.backend}", cfg.world_size)
+        spec = {"task": "verify", "verify": {
+            "steps": base["steps"], "global_batch": base["batch_size"] * world, "data_world": world,
+            "reference": reference, "params_out": str(out / "params" / f"{run_id}.npz")}}
+        threads = max(1, cores // world) if base["device_type"] == "cpu" else None
+        return launch.run_one(cfg, out, env, backend, run_id=run_id, extra_spec=spec, threads=threads,
+                              timeout=launch.default_timeout(cfg) + 60)
+
+    refs = sorted({e.reference for e in todo})
+    print(f"verify: {len(todo)} run(s) against {len(refs)} reference(s), {base['steps']} steps each, {base['model']} "
+          f"{base['image_size']}px, batch {base['batch_size']}/device", flush=True)
+    ran = {}
+    for ref in refs:
+        n, batchnorm, precision = ref
+        cfg = config(base, "single", "inproc", 1, precision, batch_size=base["batch_size"] * n)
+        for twin in (False, True) if n > 1 else (False,):
+            ran[ref + (twin,)] = run(cfg, backends.create("single"), n, {"batchnorm": batchnorm, "twin": twin})
+        print(f"  reference: {describe_reference(ref, base['batch_size'])}", flush=True)
+    for i, e in enumerate(todo, 1):
+        backend = backends.create(e.backend)
+        cfg = config(base, e.backend, backend.launcher, e.world_size, e.precision,
+                     options=backend_options(e.backend, parse_run([])))
+        e.record = run(cfg, backend, e.world_size)
+        print(f"  [{i}/{len(todo)}] {e.backend} x{e.world_size} {e.precision}: {e.record['status']}", flush=True)
+    rows = [compare(e, ran, base) for e in entries]
+    if not args.keep_params:
+        for f in (out / "params").glob("*.npz"):
+            f.unlink()
+    summary = {"schema": 1, "kind": "verify", "created_at": results.utc_now(), "settings": base,
+               "floors": FLOORS, "noise_factor": NOISE_FACTOR, "env": env, "rows": rows}
+    results.write_json_atomic(summary, out / f"summary-{results.new_run_id('verify', len(rows))}.json")
+    print_table(rows)
+    failed = [r for r in rows if r["verdict"] == FAIL]
+    for r in failed:
+        print(f"verify: FAIL {r['backend']} x{r['world_size']} {r['precision']}: {r['why']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def describe_reference(ref, batch) -> str:
+    n, batchnorm, _ = ref
+    if n == 1:
+        return f"single @ batch {batch}"
+    if batchnorm == "global":
+        return f"single @ batch {batch * n}, one pass (BatchNorm over the global batch)"
+    return f"single @ batch {batch * n} as {n} micro-batches of {batch} (BatchNorm per replica's share)"
+
+
+def deviations(rec: dict, ref: dict):
+    """(per-step |loss - loss_ref|, parameter distance relative to the reference's update, max abs diff), or a
+    reason the two cannot be compared."""
+    import numpy as np
+
+    p, p_ref = _load(rec["verify"]["params_out"]), _load(ref["verify"]["params_out"])
+    p0 = _load(ref["verify"]["params_out"].replace(".npz", "-initial.npz"))
+    if set(p) != set(p_ref):
+        return f"parameter names differ from the reference: {sorted(set(p) ^ set(p_ref))[:3]}"
+    loss = np.abs(np.asarray(rec["losses"]) - np.asarray(ref["losses"]))
+    diff = np.sqrt(sum(float(np.sum((p[k].astype(np.float64) - p_ref[k]) ** 2)) for k in p))
+    moved = np.sqrt(sum(float(np.sum((p_ref[k].astype(np.float64) - p0[k]) ** 2)) for k in p))
+    return loss, diff / moved if moved > 0 else float("inf"), max(float(np.max(np.abs(p[k] - p_ref[k]))) for k in p)
+
+
+def compare(e: Entry, ran: dict, base: dict) -> dict:
+    import numpy as np
+
+    row = {"backend": e.backend, "world_size": e.world_size, "precision": e.precision, "reference": None,
+           "max_loss_deviation": None, "param_distance": None, "max_abs_param_diff": None, "rounding_noise": None,
+           "allowed_param_distance": None, "eval_samples": None, "eval_accuracy": None, "verdict": SKIPPED,
+           "why": e.skipped, "note": None}
+    if e.skipped:
+        return row
+    row["reference"] = describe_reference(e.reference, base["batch_size"])
+    if e.reference[0] > 1 and e.reference[1] == "local":
+        row["note"] = ("BatchNorm normalises each replica's share: not the same training as single at the global "
+                       "batch, and compared with single running the shares as micro-batches")
+    ref, twin = ran[e.reference + (False,)], ran.get(e.reference + (True,))
+    rec = e.record
+    row["verdict"] = FAIL
+    broken = [(who, r) for who, r in (("reference", ref), ("twin reference", twin), ("run", rec))
+              if r is not None and r["status"] != "ok"]
+    if broken:
+        who, r = broken[-1]
+        row["why"] = f"the {who} {r['status']}: {r['reason']}"
+        return row
+    got = deviations(rec, ref)
+    if isinstance(got, str):
+        row["why"] = got
+        return row
+    loss, dist, max_abs = got
+    noise_loss, noise_dist = (np.zeros_like(loss), 0.0) if twin is None else deviations(twin, ref)[:2]
+    floor_loss, floor_dist = FLOORS[e.precision]
+    allowed_loss = np.maximum(floor_loss, NOISE_FACTOR * noise_loss)
+    allowed_dist = max(floor_dist, NOISE_FACTOR * noise_dist)
+    row.update(max_loss_deviation=float(loss.max()), param_distance=dist, max_abs_param_diff=max_abs,
+               rounding_noise=noise_dist, allowed_param_distance=allowed_dist,
+               eval_samples=rec.get("eval_samples"), eval_accuracy=rec.get("eval_accuracy"))
+    problems = []
+    bad = np.flatnonzero(loss > allowed_loss)
+    if bad.size:
+        k = int(bad[0])
+        problems.append(f"loss deviates from the reference by {loss[k]:.3g} at step {k + 1} (allowed {allowed_loss[k]:.3g})")
+    if dist > allowed_dist:
+        problems.append(f"final parameters are {dist:.3g} of the reference's update away from it (allowed "
+                        f"{allowed_dist:.3g}; max abs difference {max_abs:.3g})")
+    if rec.get("replicas_consistent") is False:
+        problems.append("replicas hold different parameters")
+    if rec.get("eval_samples") != base["eval_samples"]:
+        problems.append(f"evaluated {rec.get('eval_samples')} samples, the set has {base['eval_samples']}")
+    row["verdict"] = FAIL if problems else PASS
+    row["why"] = "; ".join(problems) or None
+    return row
+
+
+def _load(path: str) -> dict:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="bench verify: training equivalence")
+    for col in ("backend", "world size", "precision", "max loss deviation", "parameter distance",
+                "rounding noise", "eval samples", "verdict"):
+        table.add_column(col, overflow="fold")
+    fmt = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
+    for r in rows:
+        verdict = {SKIPPED: f"skipped: {r['why']}", FAIL: f"FAIL: {r['why']}"}.get(r["verdict"], r["verdict"])
+        table.add_row(r["backend"], str(r["world_size"]), r["precision"], fmt(r["max_loss_deviation"]),
+                      fmt(r["param_distance"]), fmt(r["rounding_noise"]),
+                      "-" if r["eval_samples"] is None else str(r["eval_samples"]), escape(verdict))
+    Console(width=160).print(table)
+    for note in dict.fromkeys(f"{r['backend']} x{r['world_size']}: {r['note']}" for r in rows if r["note"]):
+        print(f"note: {note}")

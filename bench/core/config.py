@@ -1,0 +1,121 @@
+"""One run's configuration: a dataclass that validates itself and travels to the workers as JSON."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from bench.core.errors import UsageError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+DEVICE_TYPES = ("cuda", "cpu")
+ON_OFF = {"on": True, "off": False}
+
+# Untimed steps needed before the timed windows are steady. Step 1 pays lazy initialisation, cuDNN's
+# algorithm search and DDP's first iteration; DDP rebuilds its gradient buckets at the start of step 2
+# (torch/nn/parallel/distributed.py, _rebuild_buckets). Backends that need more say so (Backend.min_warmup).
+MIN_WARMUP = 2
+
+# Defaults that finish quickly: a real ImageNet-size run on GPU; on CPU a small model at a small
+# image size, so a 2-core machine runs the whole default suite in a few minutes.
+DEFAULTS = {
+    "cuda": {"model": "resnet50", "image_size": 224, "batch_size": 64, "warmup": 10, "steps": 10, "windows": 5},
+    "cpu": {"model": "resnet18", "image_size": 64, "batch_size": 8, "warmup": 3, "steps": 3, "windows": 5},
+}
+
+
+@dataclass
+class RunConfig:
+    backend: str
+    launcher: str
+    world_size: int
+    device_type: str
+    model: str
+    image_size: int
+    batch_size: int  # per device; the global batch is batch_size x world_size for every backend
+    warmup: int
+    steps: int  # per timed window
+    windows: int
+    precision: str = "fp32"
+    data: str = "synthetic"
+    data_dir: str | None = None
+    loader: str | None = None  # real data: torchvision | dali (bench/rank/loaders); None for synthetic data
+    decode: str | None = None  # real data: cpu | gpu (nvJPEG / DALI mixed)
+    workers: int | None = None  # DataLoader processes per rank (real data only)
+    seed: int = 0
+    timeout: float | None = None
+    note: str | None = None
+    options: dict = field(default_factory=dict)  # backend-specific knobs, recorded as they ran
+    cudnn_benchmark: bool | None = None  # torch.backends.cudnn.benchmark on CUDA (None on CPU: no cuDNN)
+    repeat_index: int = 1  # this run is repetition repeat_index of repeats (bench run --repeat)
+    repeats: int = 1
+    eval: bool = False  # evaluate after training (DistributedSampler shards, all-reduced sums)
+    eval_samples: int = 300  # size of the synthetic evaluation set
+    nnodes: int = 1  # machines in the run; world_size = nnodes x processes per node
+    flops_per_sample: float | None = None  # training FLOPs per image (bench.rank.flops), counted once per workload
+    peak_tflops: float | None = None  # --peak-tflops: the device's dense peak, overriding bench.rank.flops.PEAKS
+
+    def validate(self) -> "RunConfig":
+        for name in ("world_size", "image_size", "batch_size", "steps", "windows", "eval_samples"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise UsageError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not isinstance(self.warmup, int) or self.warmup < MIN_WARMUP:
+            raise UsageError(f"warmup {self.warmup!r} is too short to reach steady state; use at least {MIN_WARMUP} "
+                              f"(step 1 pays lazy initialisation and cuDNN's algorithm search, and DDP rebuilds its "
+                              f"gradient buckets at step 2)")
+        if not (isinstance(self.repeats, int) and self.repeats >= 1 and 1 <= self.repeat_index <= self.repeats):
+            raise UsageError(f"repeat must be a positive integer, got {self.repeats!r}")
+        if self.timeout is not None and not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
+            raise UsageError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.data not in ("synthetic", "imagenet"):
+            raise UsageError(f"unknown data {self.data!r}; choose from synthetic, imagenet")
+        if self.data == "imagenet":  # the names are checked by the planner, which asks the loader registry
+            self.loader, self.decode = self.loader or "torchvision", self.decode or "cpu"
+        elif self.loader or self.decode:
+            raise UsageError("--loader and --decode are for --data imagenet; synthetic data is a fixed batch on the "
+                              "device")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise UsageError(f"workers must be a non-negative integer, got {self.workers!r}")
+        if self.device_type not in DEVICE_TYPES:
+            raise UsageError(f"unknown device type {self.device_type!r}; choose from {', '.join(DEVICE_TYPES)}")
+        if not isinstance(self.nnodes, int) or self.nnodes < 1 or self.world_size % self.nnodes:
+            raise UsageError(f"nnodes must be a positive integer dividing the world size, got {self.nnodes!r}")
+        if self.device_type == "cpu":
+            self.cudnn_benchmark = None  # nothing to switch: recorded as not applicable
+        elif self.cudnn_benchmark is None:
+            self.cudnn_benchmark = True  # what users run
+        return self
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+@dataclass
+class Nodes:
+    """How a multi-node run is started (bench run --nnodes ...): launch settings, not part of the configuration.
+    Every node runs the same bench command; torchrun's c10d rendezvous at ``endpoint`` joins them."""
+    nnodes: int
+    node_rank: int
+    endpoint: str  # HOST:PORT of the rendezvous, on the first node
+    rdzv_id: str
+    join_timeout: float  # seconds the rendezvous waits for every node
+    hosts: str | None = None  # horovodrun -H host1:slots,host2:slots (node 0 starts Horovod runs)
+    local_addr: str | None = None  # torchrun --local-addr: this node's address as the others reach it

@@ -1,0 +1,308 @@
+"""The result record: schema, environment metadata, atomic save and tolerant load.
+
+One JSON file per run. Reports and the CI gate read these keys, so their names are fixed; bump SCHEMA
+when a key changes meaning. Units are in the key names (``_bytes``, ``_seconds``) or documented here:
+``throughput`` is global samples (images) per second.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+import uuid
+import warnings
+from pathlib import Path
+
+from bench.core.devices import usable_cpus
+
+SCHEMA = 2  # 2: peaks are the timed windows' (warm-up peaks separate); repeats; cudnn knob
+LOADER_SCHEMA = "loader-1"  # bench loader's records (RESULTS/loader), read by the report's "Input bound" section
+STATUSES = ("ok", "skipped", "failed")
+
+# Every record carries these keys (values may be null when a run did not get that far).
+REQUIRED_KEYS = (
+    "schema", "run_id", "status", "reason", "backend", "launcher", "world_size", "device_type", "model",
+    "image_size", "precision", "batch_per_device", "global_batch", "warmup_steps", "steps_per_window",
+    "window_seconds", "throughput", "throughput_ci95", "memory", "memory_imbalance", "data",
+    "replicas_consistent", "cudnn_benchmark", "repeat_index", "repeats", "env",
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def new_run_id(backend: str, world_size: int) -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{backend}-w{world_size}-{uuid.uuid4().hex[:6]}"
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
+    """A record with every required key, filled from the run's config; measurement keys are null."""
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "status": None,
+        "reason": None,
+        "note": cfg.get("note"),
+        "backend": cfg["backend"],
+        "launcher": cfg["launcher"],
+        "world_size": cfg["world_size"],
+        "nnodes": cfg.get("nnodes", 1),
+        "nproc_per_node": cfg["world_size"] // cfg.get("nnodes", 1),
+        "device_type": cfg["device_type"],
+        "model": cfg["model"],
+        "image_size": cfg["image_size"],
+        "precision": cfg["precision"],
+        "batch_per_device": cfg["batch_size"],
+        "global_batch": cfg["batch_size"] * cfg["world_size"],
+        "warmup_steps": cfg["warmup"],
+        "steps_per_window": cfg["steps"],
+        "windows": cfg["windows"],
+        "window_seconds": [],
+        "throughput": None,
+        "throughput_ci95": None,
+        "per_device_throughput": None,
+        "memory": [],
+        "memory_imbalance": None,
+        "data": cfg.get("data", "synthetic"),
+        "data_dir": cfg.get("data_dir"),
+        "workers": cfg.get("workers"),
+        "data_wait_seconds": None,
+        "loader": cfg.get("loader"),
+        "decode": cfg.get("decode"),
+        "empty_classes": None,
+        "options": cfg.get("options", {}),
+        "cudnn_benchmark": cfg.get("cudnn_benchmark"),
+        "repeat_index": cfg.get("repeat_index", 1),
+        "repeats": cfg.get("repeats", 1),
+        "replicas_consistent": None,
+        "flops_per_sample": cfg.get("flops_per_sample"),
+        "eval": cfg.get("eval", False),
+        "eval_samples": None,
+        "eval_loss": None,
+        "eval_accuracy": None,
+        "eval_throughput": None,
+        "env": env,
+    }
+
+
+def save(record: dict, directory: str | os.PathLike) -> Path:
+    """Write ``record`` as ``<directory>/<run_id>.json`` atomically and without ever overwriting."""
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"record lacks keys {missing}")
+    if record["status"] not in STATUSES:
+        raise ValueError(f"record status {record['status']!r} is not one of {STATUSES}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{record['run_id']}.json"
+    write_json_atomic(record, final)
+    return final
+
+
+def write_json_atomic(obj, final: Path, overwrite: bool = False) -> None:
+    """Write JSON to a temporary file in the same directory, fsync it, then move it into place: a reader
+    sees either no file or the whole file. Without ``overwrite`` the file is hard-linked into place, which
+    fails with FileExistsError rather than replace an existing file, even if another writer raced us."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=final.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, final)
+        else:
+            os.link(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load(path: str | os.PathLike, warn=warnings.warn) -> list[dict]:
+    """Records from a file or a directory (non-recursive, ``*.json``).
+
+    Unreadable, half-written or other-schema files are skipped with one warning each, never raised.
+    A file may hold one record or a list of records (a saved baseline).
+    """
+    path = Path(path)
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    out = []
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            warn(f"skipping {f}: not a readable JSON record ({type(e).__name__}: {e})")
+            continue
+        items = data.get("records") if isinstance(data, dict) and "records" in data else data
+        for rec in items if isinstance(items, list) else [items]:
+            if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
+                found = rec.get("schema") if isinstance(rec, dict) else type(rec).__name__
+                warn(f"skipping {f}: schema {found!r}, this version reads schema {SCHEMA}")
+                continue
+            missing = [k for k in REQUIRED_KEYS if k not in rec]
+            if missing:
+                warn(f"skipping {f}: record lacks keys {missing}")
+                continue
+            rec.setdefault("_path", str(f))
+            out.append(rec)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Environment metadata. Nothing here creates a CUDA context (NVML and version queries only), so the
+# harness process can call it without holding memory on GPU 0.
+
+def _run(cmd: list[str], timeout: float = 20) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def nvml_gpus() -> dict:
+    """Names of the GPUs this process can use (CUDA_VISIBLE_DEVICES honoured, in CUDA order), their count
+    and the driver, from NVML; or an ``error`` when NVML is absent."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as e:  # no driver, no library: CPU machine
+        return {"error": f"NVML unavailable: {e}"}
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        names = []
+        for i in _visible_nvml_indices(n):
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(name.decode() if isinstance(name, bytes) else name)
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return {"count": len(names), "names": names,
+                "driver": driver.decode() if isinstance(driver, bytes) else driver}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _visible_nvml_indices(total: int) -> list[int]:
+    """NVML indices of CUDA devices 0, 1, ... as this process sees them. torch's mapping reads
+    CUDA_VISIBLE_DEVICES (indices or UUIDs) without creating a CUDA context."""
+    try:
+        import torch
+
+        return [torch.cuda._get_nvml_device_index(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # private helper missing in this torch, or an unusual CUDA_VISIBLE_DEVICES
+        return list(range(total))
+
+
+def git_commit() -> str | None:
+    commit = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    if commit and _run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"]):
+        commit += "-dirty"
+    return commit
+
+
+def collect_env(horovod: dict | None = None) -> dict:
+    import torch
+
+    cuda = torch.version.cuda
+    nccl = None
+    if cuda and torch.distributed.is_nccl_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            nccl = None
+    gpus = nvml_gpus()
+    topo = _run(["nvidia-smi", "topo", "-m"]) if gpus.get("count") else None
+    return {
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        # where torch came from: "locked" (make's default, requirements.lock), "system" (TORCH=system: the
+        # interpreter's own), or "unmanaged" (an environment make did not build)
+        "torch_source": _torch_source(),
+        "deepspeed": _version("deepspeed"),
+        "dali": _version("nvidia-dali-cuda130") or _version("nvidia-dali-cuda120"),
+        "cuda": cuda,
+        "nccl": nccl,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "cuda_available": torch.cuda.is_available(),
+        "gpu_count": gpus.get("count", 0),
+        "gpu_names": gpus.get("names", []),
+        "driver": gpus.get("driver"),
+        "nvml": gpus.get("error", "ok"),
+        "topology": topo,
+        "cpu_count": usable_cpus(),  # the cores this run may use (its affinity mask), which set its threads
+        "cpu_count_machine": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git_commit": git_commit(),
+        "horovod": horovod,
+        "started_at": utc_now(),
+    }
+
+
+def _torch_source() -> str:
+    import sys
+
+    mode = Path(sys.prefix) / ".torch-mode"  # written by scripts/install.sh
+    try:
+        return mode.read_text().strip() or "unmanaged"
+    except OSError:
+        return "unmanaged"
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Grouping: runs of the same configuration on the same kind of hardware. Reports and the regression gate
+# both group with this, so "the same configuration" means one thing across the suite.
+
+CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "precision", "batch_per_device", "data", "loader",
+               "decode", "device_type", "hardware", "options", "cudnn_benchmark", "nnodes")
+
+
+def hardware(rec: dict) -> str:
+    """The device model the numbers came from: the GPU name, or the CPU model for CPU runs."""
+    env = rec.get("env") or {}
+    if rec.get("device_type") == "cuda":
+        names = [m.get("device_name") for m in rec.get("memory") or [] if m.get("device_name")]
+        names = names or env.get("gpu_names") or ["unknown GPU"]
+        return names[0]
+    return f"CPU: {env.get('cpu_model') or 'unknown'}"
+
+
+def config_key(rec: dict) -> tuple:
+    """A hashable key: equal for records of the same configuration on the same hardware model."""
+    values = {k: rec.get(k) for k in CONFIG_KEYS}
+    values["hardware"] = hardware(rec)
+    values["nnodes"] = rec.get("nnodes") or 1
+    if rec.get("data") not in (None, "synthetic"):  # records from before --loader read with torchvision on the CPU
+        values["loader"], values["decode"] = rec.get("loader") or "torchvision", rec.get("decode") or "cpu"
+    values["options"] = json.dumps(rec.get("options") or {}, sort_keys=True)
+    return tuple(values[k] for k in CONFIG_KEYS)

@@ -1,0 +1,95 @@
+"""Why a run left no record, in one line, from its exit status and what its ranks printed: refused, a rendezvous
+that never completed, a timeout, out of memory, or which rank died first and how."""
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+from bench.core.config import Nodes, RunConfig
+from bench.core.markers import OOM_MARKER, REFUSED_MARKER
+
+# What a launcher puts before a rank's line: horovodrun "[0]<stderr>:", torch's "[rank0]: ".
+_RANK_TAG = re.compile(r"^(?:\[\d+\]<std(?:out|err)>:|\[rank\d+\]:\s?)")
+
+
+def _marked(output: str, marker: str) -> str | None:
+    """The rest of the first line that starts with ``marker`` once a launcher's rank tag is removed, or None."""
+    for line in output.splitlines():
+        line = _RANK_TAG.sub("", line, count=1)
+        if line.startswith(marker):
+            return line[len(marker):].strip()
+    return None
+
+
+def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeout: float, log_path,
+                   nodes: Nodes | None = None) -> str:
+    """One line saying why a run left no record, from its exit status and everything its ranks printed."""
+    refused = _marked(output, REFUSED_MARKER)
+    if refused is not None:
+        return "refused: " + refused
+    if nodes is not None and nodes.nnodes > 1 and "RendezvousTimeoutError" in output:
+        return (f"rendezvous timeout: not all {nodes.nnodes} nodes joined the rendezvous at {nodes.endpoint} within "
+                f"{nodes.join_timeout:g} s (a node never started, or cannot reach the endpoint); log {log_path}")
+    if timed_out:
+        return f"timeout after {timeout:.0f} s (log: {log_path})"
+    oom = _marked(output, OOM_MARKER)
+    if oom is None and "std::bad_alloc" in output:  # an allocation failed in C++ (gloo, a library), not in torch
+        oom = "std::bad_alloc"
+    if oom:
+        return (f"out of memory: batch {cfg.batch_size} per device ({cfg.global_batch} global), "
+                f"{cfg.model} at {cfg.image_size} px, {cfg.precision}: {oom}")
+    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+    who = _failed_rank(output)
+    first = _first_error(output)
+    return (f"{who + '; ' if who else ''}{cfg.launcher} {how}, no record written; "
+            f"{'first error: ' + first + '; ' if first else ''}last lines: {_summary(output[-20000:], lines=3)}; "
+            f"log {log_path}")
+
+
+def read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+_RANK_FAILURES = [  # how each launcher says which rank died and how
+    (re.compile(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", re.S), "rank {0} exited with code {1}"),
+    (re.compile(r"process (\d+) terminated with (exit code|signal) (\S+)"), "rank {0} terminated with {1} {2}"),
+    (re.compile(r"Process (\d+) exit with status code (-?\d+)"), "rank {0} exited with code {1}"),
+]
+
+
+def _failed_rank(tail: str) -> str | None:
+    if "Root Cause" in tail:  # torchrun lists every rank it stopped; the root cause is the one that failed
+        tail = tail[tail.index("Root Cause"):]
+    for pattern, text in _RANK_FAILURES:
+        m = pattern.search(tail)
+        if m:
+            return text.format(*m.groups())
+    return None
+
+
+_ERROR_LINE = re.compile(r"(Error|Exception|BENCH_FAULT|error:|Killed|Segmentation fault|Aborted)")
+
+
+def _first_error(output: str) -> str | None:
+    """The first error-looking line of the run: the rank that failed first usually says why; the others only
+    report the collapse that followed (connection reset, timeouts)."""
+    for line in output.splitlines():
+        if _ERROR_LINE.search(line) and not line.startswith("$ "):
+            return re.sub(r"^\[rank\d+\]:\s*", "", line.strip())[:400]
+    return None
+
+
+def _summary(tail: str, lines: int = 6, limit: int = 1200) -> str:
+    """The last few informative lines of the ranks' output, on one line (without torchrun's own traceback)."""
+    cut = tail.find("ChildFailedError")
+    if cut >= 0:
+        start = tail.rfind("Traceback (most recent call last)", 0, cut)
+        tail = tail[:start if start >= 0 else cut]
+    keep = [ln.strip() for ln in tail.splitlines() if ln.strip() and not re.match(r"^[-=*^~ ]+$", ln.strip())]
+    return " | ".join(keep[-lines:])[-limit:]

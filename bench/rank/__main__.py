@@ -1,0 +1,3 @@
+from bench.rank.entry import main
+
+main()

@@ -1,0 +1,57 @@
+"""What a rank process runs first, whatever its task:
+
+    python -m bench.rank --spec SPEC.json              (under torchrun / horovodrun / directly)
+    python -m bench.rank --spec SPEC.json --spawn N    (starts N ranks with torch.multiprocessing.spawn)
+
+The spec's ``task`` picks the rank code through TASKS (train, the default: the timed loop; verify; collectives).
+Out of memory, whichever task hit it, ends the rank at once with one marked line the launcher reads
+(bench/core/markers.py)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+from bench.core.markers import OOM_EXIT, OOM_MARKER
+from bench.rank.memory import is_oom
+
+# task -> "module:function(spec)"; imported only when a rank runs it
+TASKS = {"train": "bench.rank.train:run", "verify": "bench.rank.verify:run_rank",
+         "collectives": "bench.rank.collectives:run_rank"}
+
+
+def _spawned(index: int, spec: dict, nprocs: int) -> None:
+    # torch.multiprocessing.spawn passes the index; give DDP the same environment torchrun would.
+    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs),
+                      LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["master_port"]))
+    guarded(spec)
+
+
+def guarded(spec: dict) -> None:
+    """Run this rank's task; out of memory becomes the marked line and OOM_EXIT."""
+    module, _, func = TASKS[spec.get("task") or "train"].partition(":")
+    try:
+        getattr(importlib.import_module(module), func)(spec)
+    except Exception as e:  # noqa: BLE001 - only out-of-memory is handled here; anything else propagates
+        if not is_oom(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+        print(f"{OOM_MARKER} {first}", file=sys.stderr, flush=True)
+        os._exit(OOM_EXIT)  # exit at once: other ranks are waiting on a collective that will never come
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.rank")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--spawn", type=int, default=0, help="start this many ranks with torch.multiprocessing.spawn")
+    args = p.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    if args.spawn:
+        import torch.multiprocessing as mp
+
+        mp.spawn(_spawned, args=(spec, args.spawn), nprocs=args.spawn, join=True)
+    else:
+        guarded(spec)

@@ -1,0 +1,121 @@
+"""Rank 0's record of a run, from what every rank measured: the slowest rank's windows, throughput and its
+within-run interval, memory per device and its imbalance, the replica check, evaluation, the compute-only
+reference, energy and FLOPs. Figures are defined once, in bench/core/stats.py."""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from bench.core import results, stats
+from bench.core.config import RunConfig
+from bench.rank import energy, flops
+
+
+def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps: int) -> dict:
+    record = results.skeleton(cfg.to_dict(), spec["run_id"], spec["env"])
+    # The slowest rank sets the pace: a window lasts as long as its slowest rank.
+    times = [max(ws) for ws in zip(*(r["window_seconds"] for r in per_rank))]
+    global_batch = cfg.global_batch
+    thr, ci = stats.median_ci95(stats.window_throughputs(times, global_batch * cfg.steps))
+    waits = [r["data_wait_seconds"] for r in per_rank]
+    memory = sorted((m for r in per_rank for m in r["memory"]), key=lambda m: m["device_index"])
+    checksums = {r["param_sha256"] for r in per_rank}
+    skipped = [r.get("skipped_steps") for r in per_rank]
+    warm = [max(s) for s in zip(*(r.get("warmup_step_seconds") or [] for r in per_rank))]  # slowest rank per step
+    record.update(
+        status="ok",
+        window_seconds=times,
+        throughput=thr,
+        throughput_ci95=ci,
+        per_device_throughput=thr / cfg.world_size,
+        memory=memory,
+        memory_imbalance=stats.imbalance([m["peak_reserved_bytes"] for m in memory]),
+        replicas_consistent=(len(checksums) == 1) if len(per_rank) > 1 else None,
+        data_wait_seconds=[max(w) for w in zip(*waits)] if waits[0] is not None else None,
+        corrupt_images_skipped=sum(r["corrupt_images_skipped"] for r in per_rank) if waits[0] is not None else None,
+        empty_classes=per_rank[0].get("empty_classes"),
+        loader_info=per_rank[0].get("loader_info"),  # real data: shuffle, pinning, workers, DALI's decoder and copy  # class folders with no image, skipped (labels unchanged)
+        host_peak_rss_bytes=[r["host_peak_rss_bytes"] for r in per_rank],
+        warmup_host_peak_rss_bytes=[r.get("warmup_host_peak_rss_bytes") for r in per_rank],
+        # ranks agree (GradScaler sees the all-reduced gradients); the max is the safe side if one did not
+        skipped_steps=[max(s) for s in zip(*skipped)] if skipped[0] is not None else None,
+        warmup_skipped_steps=max(r.get("warmup_skipped_steps") or 0 for r in per_rank)
+        if skipped[0] is not None else None,
+        settle_steps=settle_steps,
+        warmup_step_seconds=warm,
+        compile_seconds=compile_seconds(warm) if (cfg.options or {}).get("compile") and warm else None,
+        backend_info=per_rank[0].get("backend_info"),
+        **eval_fields(per_rank),
+        **compute_only_fields(per_rank),
+        **energy_fields(per_rank, times, global_batch * cfg.steps, global_batch * cfg.steps * len(times)),
+        **flops_fields(cfg, memory, thr),
+        loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
+        threads_per_rank=spec["threads_per_rank"],
+        finished_at=results.utc_now(),
+    )
+    return record
+
+
+def compile_seconds(warmup_seconds: list[float]) -> float:
+    """torch.compile's cost, estimated from warm-up: what each warm-up step took beyond the last (steady) one.
+    Never inside a timed window: the minimum warm-up with --compile is 3 steps."""
+    return sum(max(0.0, t - warmup_seconds[-1]) for t in warmup_seconds[:-1])
+
+
+def compute_only_fields(per_rank: list[dict]) -> dict:
+    """The compute-only reference's windows (the slowest rank per window) and what it could not skip."""
+    first = per_rank[0]
+    measured = first.get("compute_only_window_seconds") is not None
+    return {
+        "compute_only_window_seconds": [max(w) for w in zip(*(r["compute_only_window_seconds"] for r in per_rank))]
+        if measured else None,
+        "compute_only": {"measured": measured, "reason": first.get("no_compute_only"),
+                         "keeps": first.get("compute_only_keeps") if measured else None},
+    }
+
+
+def energy_fields(per_rank: list[dict], times: list[float], samples_per_window: int, samples: int) -> dict:
+    """Energy of every GPU of the run (each rank read its own). ``joules_per_image`` and ``mean_watts`` come from
+    one read before the first window and one after the last on each rank; per-window joules and their medians
+    are ``energy_window_diagnostic`` only: NVML's counter moves every 20-100 ms, as coarse as a short window."""
+    span = [r.get("energy_span_joules") for r in per_rank]
+    measured = all(j is not None for j in span)
+    joules = [None if any(j is None for j in w) else sum(w)
+              for w in zip(*(r.get("energy_joules") or [None] * len(times) for r in per_rank))]
+    return {"energy_total_joules": sum(span) if measured else None,
+            "energy_span_seconds": max(r["energy_span_seconds"] for r in per_rank) if measured else None,
+            "energy_reason": per_rank[0].get("energy_reason"),
+            **energy.span_summary(span, [r.get("energy_span_seconds") for r in per_rank], samples),
+            "energy_window_diagnostic": {"joules": joules, **{
+                f"median_{k}": v for k, v in energy.summarise(joules, times, samples_per_window).items()}}
+            if measured else None}
+
+
+def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:
+    per_sample = cfg.flops_per_sample
+    device = memory[0]["device_name"] if memory else None
+    peak, source = flops.peak_tflops(device, cfg.precision, cfg.peak_tflops)
+    return {"flops_per_sample": per_sample, "peak_tflops_per_device": peak, "peak_tflops_source": source,
+            "mfu": flops.mfu(per_sample, throughput, peak, cfg.world_size)}
+
+
+def eval_fields(per_rank: list[dict]) -> dict:
+    """The record's evaluation fields: sums were all-reduced, so every rank holds the totals; the throughput is
+    set by the slowest rank."""
+    ev = [r.get("eval") for r in per_rank]
+    if ev[0] is None:
+        return {}
+    slowest = max(e["eval_seconds"] for e in ev)
+    return {"eval_samples": ev[0]["eval_samples"], "eval_loss": ev[0]["eval_loss"],
+            "eval_accuracy": ev[0]["eval_accuracy"],
+            "eval_throughput": ev[0]["eval_samples"] / slowest if slowest > 0 else None}
+
+
+def param_checksum(named_parameters) -> str:
+    """SHA-256 over the bytes of every (full) parameter: equal on two ranks iff their replicas are bit-identical."""
+    h = hashlib.sha256()
+    for name, p in named_parameters:
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

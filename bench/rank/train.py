@@ -1,0 +1,204 @@
+"""The one timed loop. Runs on every rank of every backend; rank 0 writes the run's single record.
+
+The harness (bench/launch) writes SPEC.json: the run config, its run_id, the results directory and the environment
+metadata; every rank starts as ``python -m bench.rank --spec SPEC.json`` (bench/rank/entry.py). Backends set up, step
+and tear down; everything timed or written happens here, so every backend is measured by the same code.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import time
+
+import torch
+
+import backends
+from bench.core import results
+from bench.core.config import RunConfig
+from bench.core.markers import REFUSED_EXIT, REFUSED_MARKER
+from bench.rank import data
+from bench.rank.energy import EnergyMeter, window_energy
+from bench.rank.evaluate import evaluate
+from bench.rank.faults import Fault
+from bench.rank.memory import host_peak_rss, limit_memory, memory_stats, reset_peaks
+from bench.rank.record import build_record, param_checksum
+
+
+def run(spec: dict) -> None:
+    cfg = RunConfig.from_dict(spec["config"])
+    limit_memory(spec.get("memory_limit_gib"))
+    fault = Fault.parse(os.environ.get("BENCH_FAULT"))
+    # Each rank gets its share of the cores, whatever the launcher; oversubscribed threads measure contention.
+    torch.set_num_threads(spec["threads_per_rank"])
+    if cfg.device_type == "cuda":
+        # On (the default, what users run): warm-up picks the fastest conv algorithms, as Horovod's benchmark
+        # does. Off: a labelled variant, because DataParallel's replica threads may redo the search (README).
+        torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)
+    backend = backends.create(cfg.backend)
+    backend.setup(cfg)
+    hosts = check_fingerprints(backend, cfg, spec)  # before any timed work: every rank runs the same thing
+    fault.install(backend)
+    backend.batches = data.batches_for(cfg, backend)
+    waited = getattr(backend.batches, "wait_seconds", None) is not None  # real data: time the input waits
+
+    def sync():
+        for d in backend.devices():
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+
+    scale0, count0 = backend.loss_scale(), backend.skipped_steps()
+    warmup_seconds = []  # each warm-up step on its own (synchronised, untimed): where compilation shows
+    for _ in range(cfg.warmup):
+        t0 = time.perf_counter()
+        backend.train(1)
+        sync()
+        warmup_seconds.append(time.perf_counter() - t0)
+    # Warm-up peaks hold one-time work (cuDNN's search workspaces, DDP's bucket rebuild, lazy init). Keep them
+    # as their own fields, release the allocator's cached blocks, reset the peaks, and run one untimed settle
+    # step that re-reserves what a steady step needs, so the windows neither pay for re-reserving nor see
+    # warm-up's peaks.
+    warmup_memory, warmup_rss = memory_stats(backend), host_peak_rss()
+    reset_peaks(backend)
+    backend.train(SETTLE_STEPS)
+    sync()
+    scale_after_warmup, count_after_warmup = backend.loss_scale(), backend.skipped_steps()
+    meter = EnergyMeter(backend.devices())
+    timed = windows(backend, cfg, sync, meter, waited)
+
+    fault.after_training(backend)
+    memory, host_rss = memory_stats(backend), host_peak_rss()  # before evaluation: the timed windows' peaks
+    evaluated = evaluate(backend, data.eval_dataset(cfg), backend.feed_batch,
+                         data.loader_workers(cfg, backend.feed_batch // cfg.batch_size)) if cfg.eval else None
+    for m, w in zip(memory, warmup_memory):
+        m["warmup_peak_allocated_bytes"] = w["peak_allocated_bytes"]
+        m["warmup_peak_reserved_bytes"] = w["peak_reserved_bytes"]
+    checksum = param_checksum(backend.full_parameters())
+    # The compute-only reference: the same processes and batches with the gradient synchronisation skipped,
+    # after everything above (the replicas drift apart from here on, which nothing reads any more).
+    compute_only, no_compute_only = None, compute_only_reason(backend, cfg)
+    if no_compute_only is None:
+        with backend.skip_gradient_sync():
+            compute_only = windows(backend, cfg, sync, meter, waited)
+    mine = {
+        "rank": backend.rank,
+        "window_seconds": timed["seconds"],
+        "data_wait_seconds": timed["data_wait"] if waited else None,
+        "corrupt_images_skipped": backend.batches.skipped if waited else None,
+        "empty_classes": backend.batches.empty_classes if waited else None,
+        "loader_info": backend.batches.info if waited else None,
+        "memory": memory,
+        "param_sha256": checksum,
+        "eval": evaluated,
+        "energy_joules": timed["energy"],  # per window: diagnostics only (bench/rank/energy.py)
+        "energy_span_joules": timed["energy_span"][0],  # first read before window 1 to last read after the last
+        "energy_span_seconds": timed["energy_span"][1],
+        "energy_reason": meter.reason,
+        "compute_only_window_seconds": compute_only and compute_only["seconds"],
+        "no_compute_only": no_compute_only,
+        "compute_only_keeps": backend.compute_only_keeps,
+        "host_peak_rss_bytes": host_rss,
+        "warmup_host_peak_rss_bytes": warmup_rss,
+        "skipped_steps": timed["skipped"] if scale0 is not None else None,
+        "warmup_skipped_steps": skips(scale0, scale_after_warmup, count0, count_after_warmup)
+        if scale0 is not None else None,
+        "backend_info": backend.describe(),
+        "loader_workers": getattr(backend, "loader_workers", None),
+        "warmup_step_seconds": warmup_seconds,
+    }
+    gathered = backend.all_gather(mine)
+    if backend.rank == 0:
+        record = build_record(cfg, spec, gathered, SETTLE_STEPS)
+        record.update(hosts=hosts, launched_by=spec.get("launched_by"))
+        results.save(record, spec["results_dir"])
+    backend.barrier()  # nobody tears the process group down while rank 0 still needs it
+    backend.teardown()
+
+
+SETTLE_STEPS = 1  # untimed steps between the peak reset and the first window
+
+
+def windows(backend, cfg: RunConfig, sync, meter, waited: bool) -> dict:
+    """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
+    t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region."""
+    out = {"seconds": [], "data_wait": [], "skipped": [], "energy": []}
+    for i in range(cfg.windows):
+        backend.barrier()  # start every window together; the barrier itself is not timed
+        sync()
+        scale, count, joules = backend.loss_scale(), backend.skipped_steps(), meter.read()
+        if i == 0:  # energy over the whole span: NVML's counter is too coarse for one window (bench/rank/energy.py)
+            first_joules, e0 = joules, time.perf_counter()
+        w0 = backend.batches.wait_seconds if waited else 0.0
+        t0 = time.perf_counter()
+        backend.train(cfg.steps)
+        sync()
+        out["seconds"].append(time.perf_counter() - t0)
+        out["data_wait"].append(backend.batches.wait_seconds - w0 if waited else 0.0)
+        out["skipped"].append(skips(scale, backend.loss_scale(), count, backend.skipped_steps()))
+        last_joules = meter.read()
+        out["energy"].append(window_energy(joules, last_joules))
+    out["energy_span"] = (window_energy(first_joules, last_joules), time.perf_counter() - e0)
+    return out
+
+
+CONFIG_NOT_COMPARED = ("timeout", "note")  # may differ between nodes without changing what is measured
+
+
+def fingerprint(cfg: RunConfig, spec: dict) -> dict:
+    """What must be the same on every rank: the hardware and software of its node and the benchmark config."""
+    env = spec.get("env") or {}
+    return {"host": socket.gethostname(),
+            "gpu": [env.get("gpu_count"), env.get("gpu_names"), env.get("driver")],
+            "software": [env.get(k) for k in ("torch", "cuda", "nccl", "cudnn")],
+            "config": {k: v for k, v in cfg.to_dict().items() if k not in CONFIG_NOT_COMPARED}}
+
+
+def first_difference(a: dict, b: dict, path: str = "") -> str | None:
+    for key in a:
+        if key == "host":
+            continue
+        x, y = a[key], b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            found = first_difference(x, y, f"{path}{key} ")
+            if found:
+                return found
+        elif x != y:
+            return f"{path}{key}: {y!r} vs {x!r} on rank 0"
+    return None
+
+
+def check_fingerprints(backend, cfg: RunConfig, spec: dict) -> list[str]:
+    """All-gather every rank's fingerprint; refuse (one line, exit 4 on every rank) when one differs from rank
+    0's, as PyTorch's own DDP benchmark does. Returns the host of each rank."""
+    prints = backend.all_gather(fingerprint(cfg, spec))
+    for rank, fp in enumerate(prints):
+        diff = first_difference(prints[0], fp)
+        if diff:
+            print(f"{REFUSED_MARKER} rank {rank} on {fp['host']} differs from rank 0 on {prints[0]['host']} in "
+                  f"{diff} (start every node with the same command and software)", file=sys.stderr, flush=True)
+            backend.teardown()
+            sys.exit(REFUSED_EXIT)
+    return [fp["host"] for fp in prints]
+
+
+def compute_only_reason(backend, cfg: RunConfig) -> str | None:
+    """Why this run measures no compute-only reference, or None when it does."""
+    if cfg.world_size == 1:
+        return "world size 1: nothing to synchronise"
+    if (cfg.options or {}).get("compile"):
+        return "not with --compile (skipping the synchronisation would recompile inside the windows)"
+    return backend.no_compute_only
+
+
+def skips(scale_before: float | None, scale_after: float | None, count_before: int | None = None,
+          count_after: int | None = None) -> int | None:
+    """Optimizer steps skipped between two reads: the backend's own count where it keeps one
+    (``Backend.skipped_steps``: DeepSpeed, whose scaler halves the scale only after 2 overflows in a row), else
+    read off GradScaler's scale. Each GradScaler skip halves the scale (backoff 0.5); a growth doubles it, once
+    per 2000 clean steps (growth_interval), so a growth inside the same window could hide one skip."""
+    if scale_before is None or scale_after is None:
+        return None
+    if count_before is not None and count_after is not None:
+        return count_after - count_before
+    return max(0, round(math.log2(scale_before / scale_after)))
