@@ -502,6 +502,6 @@ def test_within_run_interval_is_scipy_s_percentile_bootstrap_to_the_bit_and_rank
         for p in (alpha, 1 - alpha, 0.5):
             assert _quantile_linear(values, p) == float(sp.quantile(values, p, method="linear")), (n, p)
     assert median_ci95([7.0]) == (7.0, [7.0, 7.0]) and median_ci95([3.0, 3.0]) == (3.0, [3.0, 3.0])
-    probe = subprocess.run([sys.executable, "-c", "import sys, bench.stats; print('scipy' in sys.modules)"],
+    probe = subprocess.run([sys.executable, "-c", "import sys, bench.core.stats; print('scipy' in sys.modules)"],
                            cwd=REPO, capture_output=True, text=True)
     assert probe.stdout.strip() == "False", probe.stderr

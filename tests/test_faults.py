@@ -78,7 +78,7 @@ def _wait_for(condition, what, seconds=240):
 
 def _log_says(results_dir, run, text):
     """True once this sweep's log of ``run`` (e.g. ``-ddp-w1-``) holds ``text``: waiting on this run's own files, not
-    on any bench.worker process of the machine (another test or another suite may be running beside this one)."""
+    on any bench.rank process of the machine (another test or another suite may be running beside this one)."""
     return any(text in p.read_text(errors="replace") for p in (results_dir / "logs").glob(f"*{run}*.log")) \
         if (results_dir / "logs").exists() else False
 

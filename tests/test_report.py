@@ -258,8 +258,9 @@ def test_missing_or_empty_results_directory(tmp_path, capsys):
 
 
 def test_importing_the_module_stays_light():
-    """cli.py imports bench.report for every command: pandas and matplotlib load only when a report is made."""
-    code = "import sys, bench.report\nassert not {'pandas', 'matplotlib'} & set(sys.modules)"
+    """cli.py imports bench.commands.report for every command: pandas and matplotlib load only when a report is
+    made."""
+    code = "import sys, bench.commands.report\nassert not {'pandas', 'matplotlib'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
 
 

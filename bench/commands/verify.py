@@ -3,7 +3,7 @@
 For each backend and world size N, train K steps from one seed on one deterministic sequence of global
 batches (``data.verify_batches``: each rank gets exactly the share a DistributedSampler gives it; ``single``
 and DataParallel get the whole global batch, the shares in rank order), evaluate the distributed way
-(``bench.evaluate``), and compare with a reference run in one process on the same global batches:
+(``bench.rank.evaluate``), and compare with a reference run in one process on the same global batches:
 
 - the per-step global loss (mean over the global batch: the ranks' equal shares averaged);
 - the final full parameters: distance ``||p - p_ref|| / ||p_ref - p_0||``, i.e. relative to how far the
