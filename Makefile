@@ -91,11 +91,12 @@ list: venv
 	$(PY) -m bench list
 
 # Tests run in TEST_JOBS processes (pytest-xdist; default: the cores this job may use), each test module on one
-# process (its module fixtures run once) and every `gpu` test on the same one (one GPU is never shared by two tests).
+# process (--dist loadscope: its module fixtures run once); a `gpu` test holds a lock while it runs (tests/conftest.py),
+# so one GPU is never shared by two tests.
 # TEST_JOBS=1 runs them in this process. pytest exits 5 when it collected no tests: a suite that tests nothing is a
 # failure, said plainly.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
-XDIST     := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup)
+XDIST     := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadscope)
 test: install
 	$(PY) -m pytest -q -rs $(XDIST) tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status

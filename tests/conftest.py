@@ -1,14 +1,24 @@
 import contextlib
+import fcntl
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-import torch
+
+# Every rank a test starts shares 2 cores with another test's ranks (`make test` runs 2 pytest-xdist workers).
+# OpenMP's default wait policy spins a waiting thread before it sleeps, so oversubscribed ranks burn the cores the
+# others need: the heap-budget search took 108 s of CPU spinning, 64 s passive, beside one busy loop. Tests check
+# correctness, not speed; a benchmark run keeps the user's policy. Set before torch (and its libgomp) loads; ranks
+# inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,13 +72,19 @@ def records(directory) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json")) if not p.name.startswith(".")]
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test`, --dist loadgroup): a module's tests stay on one worker, so a module fixture
-    (one 2-rank run feeding many assertions) runs once; every `gpu` test goes to one worker, so two tests never share
-    a GPU at once."""
-    for item in items:
-        gpu = item.get_closest_marker("gpu") and torch.cuda.is_available()
-        item.add_marker(pytest.mark.xdist_group("gpu" if gpu else item.module.__name__))
+# One GPU is never shared by two tests: under pytest-xdist (`make test`) a `gpu` test runs while holding this lock,
+# which also keeps two test sessions on one machine apart. A module's tests stay on one worker (--dist loadscope),
+# so its module fixtures (one run feeding many assertions) run once.
+GPU_LOCK = Path(tempfile.gettempdir()) / f"torch-parallel-bench-gpu-{os.getuid()}.lock"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not (item.get_closest_marker("gpu") and torch.cuda.is_available()):
+        return (yield)
+    with open(GPU_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return (yield)
 
 
 @pytest.fixture

@@ -42,35 +42,34 @@ def test_missing_horovod_is_a_clean_skip_reason(monkeypatch):
     assert hvd_backend.problem() == "horovod is not installed (make horovod)"
 
 
-@pytest.mark.slow
-@pytest.mark.horovod
-def test_horovod_two_gloo_ranks_identical_replicas(results_dir):
-    _horovod_or_skip()
-    proc = bench_inproc("run", "--backends", "horovod", "--gpus", 2, *TINY, "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "ok", rec["reason"]
-    assert (rec["backend"], rec["launcher"], rec["world_size"]) == ("horovod", "horovodrun", 2)
-    assert rec["replicas_consistent"] is True
-    assert len(rec["window_seconds"]) == TINY_WINDOWS and rec["throughput"] > 0
-    assert rec["options"] == {"compression": "none"}
-    assert rec["compute_only"]["measured"] is True and len(rec["compute_only_window_seconds"]) == TINY_WINDOWS
-    info = rec["env"]["horovod"]
-    assert info["version"] == "0.28.1" and info["frameworks"] == "PyTorch"
-    assert "Gloo" in info["controllers"].split(", ") and "Gloo" in info["tensor_operations"].split(", ")
+def test_horovod_compression_defaults_to_none_and_is_always_recorded():
+    """Like-for-like with fp32 DDP unless asked; the record's options say which (the run below asks for fp16)."""
+    from bench.commands._plan import parse_run, plan
+
+    [cfg], _ = plan(parse_run(["--backends", "horovod", "--gpus", "2", "--device", "cpu"]))
+    assert cfg.options == {"compression": "none"}
 
 
 @pytest.mark.slow
 @pytest.mark.horovod
-def test_horovod_fp16_compression_bf16_fusion_and_cycle_time_reach_horovod(results_dir):
+def test_horovod_two_gloo_ranks_fp16_compression_bf16_fusion_and_cycle_time_reach_horovod(results_dir):
+    """One 2-rank horovodrun over gloo: identical replicas, the timed and compute-only windows, Horovod's build
+    recorded, and every horovod knob read back from Horovod's own settings in the ranks."""
     _horovod_or_skip()
     proc = bench_inproc("run", "--backends", "horovod", "--gpus", 2, *TINY, "--precision", "bf16",
                         "--hvd-compression", "fp16", "--hvd-fusion-mb", 1, "--hvd-cycle-ms", 2.5, "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok", rec["reason"]
+    assert (rec["backend"], rec["launcher"], rec["world_size"]) == ("horovod", "horovodrun", 2)
+    assert rec["replicas_consistent"] is True
+    assert len(rec["window_seconds"]) == TINY_WINDOWS and rec["throughput"] > 0
+    assert rec["compute_only"]["measured"] is True and len(rec["compute_only_window_seconds"]) == TINY_WINDOWS
+    info = rec["env"]["horovod"]
+    assert info["version"] == "0.28.1" and info["frameworks"] == "PyTorch"
+    assert "Gloo" in info["controllers"].split(", ") and "Gloo" in info["tensor_operations"].split(", ")
     assert rec["options"] == {"compression": "fp16", "hvd_fusion_mb": 1.0, "hvd_cycle_ms": 2.5}
-    assert rec["precision"] == "bf16" and rec["replicas_consistent"] is True
+    assert rec["precision"] == "bf16"
     info = rec["backend_info"]  # read back from Horovod's own settings in the ranks
     assert (info["fusion_threshold_bytes"], info["cycle_time_ms"]) == (str(2 ** 20), "2.5")
 

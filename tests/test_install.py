@@ -2,9 +2,11 @@
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,34 @@ def test_torch_system_with_a_wheel_folder_installs_what_it_has_and_names_what_it
     assert "torch" in left and "numpy" in left
     keep, _, absent = lockfile.select("system")
     assert sorted(e.key for e in keep) == ["setuptools", "wheel"] and absent == []
+
+
+
+def test_make_test_runs_a_module_s_fixture_once_under_xdist(tmp_path):
+    """`make test` runs pytest-xdist; a module fixture (one 2-rank run feeding many assertions) must run once, so all
+    of a module's tests must go to one worker. (--dist loadgroup with xdist_group marks stopped grouping, silently, on
+    pytest 9.2: pytest-xdist issue #1386.) Runs make test's own pytest flags on two small modules."""
+    dry = subprocess.run(["make", "-n", "test", "TEST_JOBS=2"], cwd=REPO, capture_output=True, text=True, check=True)
+    [line] = [ln for ln in dry.stdout.splitlines() if " -m pytest " in ln]
+    words = shlex.split(line.split(" -m pytest ", 1)[1].split(";")[0])
+    flags = words[:words.index("tests")]
+    assert flags[flags.index("-n") + 1] == "2", flags
+    for name in "ab":
+        (tmp_path / f"test_{name}.py").write_text(textwrap.dedent(f"""
+            import os, time, pytest
+
+            @pytest.fixture(scope="module")
+            def once():
+                with open("setups.txt", "a") as f:
+                    f.write("{name} " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+            @pytest.mark.parametrize("i", range(4))
+            def test_it(once, i):
+                time.sleep(0.2)
+            """))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *flags, "."], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    setups = sorted(line.split()[0] for line in (tmp_path / "setups.txt").read_text().splitlines())
+    assert setups == ["a", "b"], (tmp_path / "setups.txt").read_text()
