@@ -6,11 +6,12 @@ Each command lives in its own module under bench/commands/ and registers its own
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
 from bench.commands import COMMANDS
-from bench.core.errors import UsageError
+from bench.core.errors import DISK_FULL, UsageError
 
 
 def fail(msg: str, code: int = 2):
@@ -45,6 +46,13 @@ def main(argv=None) -> None:
         code = args.func(args)
     except UsageError as e:
         fail(str(e))
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        # every result file is written whole or not at all (bench/core/results.write_json_atomic), so stop here
+        fail(f"cannot write {e.filename or 'a result file'}: {e.strerror} ({errno.errorcode[e.errno]}); no partial "
+             "file was left; free space (or write elsewhere: --results, --out) and run again (bench run --resume "
+             "skips the runs already recorded)", code=1)
     sys.exit(code)
 
 

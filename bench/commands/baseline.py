@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from bench.core.devices import usable_cpus
-from bench.core.errors import UsageError, warn
+from bench.core.errors import DISK_FULL, UsageError, warn
 
 BASELINE_DIR = "results/baselines"
 BASELINE_SCHEMA = 1
@@ -149,6 +149,8 @@ def cmd_baseline_save(args) -> int:
     except FileExistsError:
         raise UsageError(f"baseline {str(final)!r} exists; pass --force to replace it")
     except OSError as e:
+        if e.errno in DISK_FULL:
+            raise  # bench/cli.py: one line, exit 1, like every full disk
         raise UsageError(f"cannot write baseline {str(final)!r}: {e.strerror or e}")
     skipped = len(recs) - len(ok)
     print(f"baseline {name}: {len(clean)} record(s), {doc['configurations']} configuration(s) on "

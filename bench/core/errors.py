@@ -2,6 +2,7 @@
 prints it). Every layer raises this one type; warnings go to stderr as one ``warning:`` line each."""
 from __future__ import annotations
 
+import errno
 import sys
 
 
@@ -11,3 +12,8 @@ class UsageError(ValueError):
 
 def warn(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr)
+
+
+# A write that failed for want of room: no space, over quota, over the file size limit (RLIMIT_FSIZE). bench/cli.py
+# ends any command that hits one with one line naming the file (exit 1); result files are written whole or not at all.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

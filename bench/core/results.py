@@ -107,12 +107,22 @@ def save(record: dict, directory: str | os.PathLike) -> Path:
     return final
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file (read once, at import: umask is process-wide)
+
+
 def write_json_atomic(obj, final: Path, overwrite: bool = False) -> None:
     """Write JSON to a temporary file in the same directory, fsync it, then move it into place: a reader
     sees either no file or the whole file. Without ``overwrite`` the file is hard-linked into place, which
     fails with FileExistsError rather than replace an existing file, even if another writer raced us."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=final.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)  # mkstemp's 0600 would hide a shared results directory's records from the others
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1, sort_keys=True)
             f.write("\n")
@@ -122,6 +132,10 @@ def write_json_atomic(obj, final: Path, overwrite: bool = False) -> None:
             os.replace(tmp, final)
         else:
             os.link(tmp, final)
+    except OSError as e:
+        if e.filename is None:  # a failed write (a full disk, a quota) names no file: name the one it was for
+            raise OSError(e.errno, e.strerror, str(final)) from e
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -2,12 +2,13 @@
 that never completed, a timeout, out of memory, or which rank died first and how."""
 from __future__ import annotations
 
+import json
 import re
 import signal
 from pathlib import Path
 
 from bench.core.config import Nodes, RunConfig
-from bench.core.markers import OOM_MARKER, REFUSED_MARKER
+from bench.core.markers import OOM_MARKER, PEER_LOST_MARKER, REFUSED_MARKER
 
 # What a launcher puts before a rank's line: horovodrun "[0]<stderr>:", torch's "[rank0]: ".
 _RANK_TAG = re.compile(r"^(?:\[\d+\]<std(?:out|err)>:|\[rank\d+\]:\s?)")
@@ -31,6 +32,9 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
     if nodes is not None and nodes.nnodes > 1 and "RendezvousTimeoutError" in output:
         return (f"rendezvous timeout: not all {nodes.nnodes} nodes joined the rendezvous at {nodes.endpoint} within "
                 f"{nodes.join_timeout:g} s (a node never started, or cannot reach the endpoint); log {log_path}")
+    lost = lost_peer(output)
+    if lost is not None:
+        return f"{lost_text(lost)}; log {log_path}"
     if timed_out:
         return f"timeout after {timeout:.0f} s (log: {log_path})"
     oom = _marked(output, OOM_MARKER)
@@ -45,6 +49,36 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
     return (f"{who + '; ' if who else ''}{cfg.launcher} {how}, no record written; "
             f"{'first error: ' + first + '; ' if first else ''}last lines: {_summary(output[-20000:], lines=3)}; "
             f"log {log_path}")
+
+
+def lost_peer(output: str) -> dict | None:
+    """What the first rank that found a lost node said about it (bench/rank/lifeline.py), or None."""
+    text = _marked(output, PEER_LOST_MARKER)
+    if text is None:
+        if "RendezvousConnectionError" in output:  # torchrun's agent here lost the store before a rank could judge
+            m = re.search(r"--rdzv-endpoint=(\S+)", output)
+            return {"store": m.group(1) if m else "?", "error": "torchrun's agent on this node lost its connection "
+                                                                "to the rendezvous store (RendezvousConnectionError)"}
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"error": text}
+
+
+def lost_text(lost: dict) -> str:
+    by = f"noticed by node {lost.get('detected_by_node')} ({lost.get('detected_by_host')})"
+    silent = f"{lost.get('silent_seconds')} s"
+    if "store" in lost:
+        if "silent_seconds" not in lost:
+            return (f"lost the rendezvous store at {lost['store']}: the node hosting the rendezvous endpoint died or "
+                    f"is cut off; {lost.get('error')}")
+        return (f"lost the c10d store at {lost['store']} (the node hosting the rendezvous endpoint died or is cut "
+                f"off): no answer for {silent}, {by}; last error: {lost.get('error')}")
+    ranks = lost.get("ranks") or []
+    span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "ranks unknown"
+    return (f"lost node {lost.get('node')} (host {lost.get('host', '?')}, {span}) during "
+            f"{lost.get('phase', 'an unknown phase')}: no heartbeat for {silent}, {by}")
 
 
 def read_from(path: Path, offset: int) -> str:

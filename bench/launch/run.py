@@ -14,12 +14,14 @@ import socket
 import sys
 from pathlib import Path
 
+import psutil
+
 from bench.core import results
 from bench.core.config import Nodes, RunConfig
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError
-from bench.core.markers import RANK_ENTRY, RUN_TAG
-from bench.launch.diagnose import failure_reason, read_from
+from bench.core.markers import HARNESS_ENV, RANK_ENTRY, RUN_TAG
+from bench.launch.diagnose import failure_reason, lost_peer, read_from
 from bench.launch.tree import run_group
 
 LAUNCHERS = ("inproc", "torchrun", "spawn", "horovodrun")
@@ -86,6 +88,11 @@ def default_timeout(cfg: RunConfig, nodes: Nodes | None = None) -> float:
     return 180.0 + rendezvous + compile_s + world_s + 5.0 * (cfg.warmup + cfg.steps * cfg.windows)
 
 
+def harness_id() -> str:
+    """HARNESS_ENV's value: this process's pid and creation time (bench/rank/lifeline.py watches it)."""
+    return f"{os.getpid()}:{psutil.Process().create_time()!r}"
+
+
 def threads_per_rank(cfg: RunConfig) -> int:
     procs = 1 if cfg.launcher == "inproc" else cfg.nproc_per_node  # the ranks that share this machine's cores
     return max(1, usable_cpus() // procs)
@@ -117,7 +124,7 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
     logs.mkdir(parents=True, exist_ok=True)
     log_path, spec_path = logs / f"{run_id}.log", logs / f"{run_id}.spec.json"
     threads = threads or threads_per_rank(cfg)
-    child_env = {**os.environ, **(extra_env or {}), RUN_TAG: run_id,
+    child_env = {**os.environ, **(extra_env or {}), RUN_TAG: run_id, HARNESS_ENV: harness_id(),
                  "PYTHONPATH": os.pathsep.join(filter(None, [str(results.REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     # The same share of the cores per rank whatever the launcher (torchrun alone would force 1 thread per
     # rank, mp.spawn and horovodrun would give each rank every core), so launchers are compared fairly.
@@ -130,9 +137,10 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
     for attempt in range(1, PORT_RETRIES + 1):
         port = int(first_port) if first_port and attempt == 1 else free_port()
         spec = {"config": cfg.to_dict(), "run_id": run_id, "results_dir": str(results_dir), "env": record["env"],
+                "node_rank": nodes.node_rank if nodes is not None else 0,
                 "master_port": port, "threads_per_rank": threads, "memory_limit_gib": memory_limit_gib,
                 "launched_by": launched_by(cfg, nodes), **(extra_spec or {})}
-        spec_path.write_text(json.dumps(spec))
+        results.write_json_atomic(spec, spec_path, overwrite=True)
         start = log_path.stat().st_size if log_path.exists() else 0
         cmd = command(cfg.launcher, cfg.world_size, str(spec_path), nodes, rdzv_id)
         rc, timed_out = run_group(cmd, child_env, log_path, timeout)
@@ -152,6 +160,11 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
         break
 
     record.update(status="failed", reason=failure_reason(cfg, output, rc, timed_out, timeout, log_path, nodes))
+    lost = lost_peer(output)
+    if lost is not None:
+        record["lost_node"] = lost  # several nodes: which node stopped answering, when and in which phase
+        # node 0 writes no record when it is the one lost (it hosts the rendezvous endpoint, as a rule)
+        writer = writer or lost.get("node") == 0 or "store" in lost
     if writer:
         results.save(record, results_dir)
     return record

@@ -4,6 +4,7 @@ carries the run's tag (bench/core/markers.py, RUN_TAG), which finds ranks a laun
 own after the launcher is gone."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -17,15 +18,18 @@ from bench.core.markers import RUN_TAG
 
 def run_group(cmd: list[str], env: dict, log_path: Path, timeout: float) -> tuple[int, bool]:
     """Run ``cmd`` in a new session; on timeout or interrupt kill it and every process of the run."""
-    with open(log_path, "ab") as log:
-        log.write(("$ " + " ".join(cmd) + "\n").encode())
-        log.flush()
+    with open(log_path, "ab", buffering=0) as log:  # unbuffered: a full disk fails the write, not a later close
+        try:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+        except OSError as e:  # a full disk: name the file (bench/cli.py says so in one line)
+            raise OSError(e.errno, e.strerror, str(log_path)) from e
         # An interrupt that arrived inside Popen (after the fork, before Popen returned) would leave a started run
         # that nobody kills: hold SIGINT/SIGTERM until `proc` exists; the child unblocks them before exec.
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+        harness = os.getpid()
         try:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True, preexec_fn=_unblock_interrupts)
+                                    start_new_session=True, preexec_fn=lambda: _in_child(harness))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held interrupt is raised here, or below
         try:
@@ -43,8 +47,17 @@ def run_group(cmd: list[str], env: dict, log_path: Path, timeout: float) -> tupl
 _INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
 
 
-def _unblock_interrupts() -> None:
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child between fork and exec only calls it
+
+
+def _in_child(harness: int) -> None:
+    """In the launcher's process, before exec: interrupts unblocked, and SIGKILL when the harness dies (a harness
+    killed with SIGKILL runs no clean-up; the ranks watch the harness themselves, bench/rank/lifeline.py)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != harness:  # the harness died before the line above: nobody would send the signal
+        os._exit(1)
 
 
 def _members(proc: subprocess.Popen, tag: str | None) -> list[psutil.Process]:

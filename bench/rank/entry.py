@@ -15,6 +15,7 @@ import os
 import sys
 
 from bench.core.markers import OOM_EXIT, OOM_MARKER
+from bench.rank import lifeline
 from bench.rank.memory import is_oom
 
 # task -> "module:function(spec)"; imported only when a rank runs it
@@ -30,12 +31,17 @@ def _spawned(index: int, spec: dict, nprocs: int) -> None:
 
 
 def guarded(spec: dict) -> None:
-    """Run this rank's task; out of memory becomes the marked line and OOM_EXIT."""
+    """Run this rank's task; out of memory becomes the marked line and OOM_EXIT. The rank dies with its harness, and
+    across nodes a lost node is named (bench/rank/lifeline.py)."""
+    lifeline.watch_harness()
+    lifeline.start(spec)
     module, _, func = TASKS[spec.get("task") or "train"].partition(":")
     try:
         getattr(importlib.import_module(module), func)(spec)
+        lifeline.finish()
     except Exception as e:  # noqa: BLE001 - only out-of-memory is handled here; anything else propagates
         if not is_oom(e):
+            lifeline.verdict_on(e)  # several nodes: a lost node ends this rank naming it, else the error stands
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
         print(f"{OOM_MARKER} {first}", file=sys.stderr, flush=True)
@@ -52,6 +58,7 @@ def main(argv=None) -> None:
     if args.spawn:
         import torch.multiprocessing as mp
 
+        lifeline.watch_harness()  # the parent of the spawned ranks, too
         mp.spawn(_spawned, args=(spec, args.spawn), nprocs=args.spawn, join=True)
     else:
         guarded(spec)

@@ -9,6 +9,13 @@
     grad-scale@rank1     rank 1's local gradients are doubled before they are reduced (the loss keeps its
                          value): replicas stay identical but are wrong (bench verify must catch it)
     wrong-shard@rank1    rank 1 reads rank 0's share of the data instead of its own (bench verify must catch it)
+    node-dies@rank1:step6     this node dies at that step: its harness, launcher and ranks get SIGKILL at once
+                              (a power cut on a real cluster; the other nodes must name it, bench/rank/lifeline.py)
+    node-freezes@rank1:step6  the same with SIGSTOP: a node that stops answering without closing a connection
+                              (a kernel hang, a partition); the test that injects it kills the frozen processes
+    Both wait 1.5 s before acting, so the node's last heartbeat carries the phase it died in.
+
+``@rank*`` is every rank whose environment has the fault (give BENCH_FAULT to one node's ``bench run`` only).
 
 A ``BACKEND/`` prefix limits a fault to one backend (``ddp/crash@rank1:step3``), so a sweep can show that
 one failing run does not stop the next. Several faults are separated by commas. With BENCH_FAULT unset nothing is installed: the timed loop
@@ -18,13 +25,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "oom", "diverge", "bloat", "grad-scale", "wrong-shard")
+KINDS = ("crash", "hang", "oom", "diverge", "bloat", "grad-scale", "wrong-shard", "node-dies", "node-freezes")
+ANY_RANK = -1
 BLOAT_BYTES = 256 * 2 ** 20
-_SPEC = re.compile(r"^(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)(?:@rank(?P<rank>\d+))?(?::step(?P<step>\d+))?$")
+_SPEC = re.compile(r"^(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)(?:@rank(?P<rank>\d+|\*))?(?::step(?P<step>\d+))?$")
 
 
 @dataclass
@@ -47,12 +56,13 @@ class Fault:
             if not m or m["kind"] not in KINDS:
                 raise ValueError(f"BENCH_FAULT: cannot parse {part!r}; expected [BACKEND/]KIND[@rankR][:stepS] "
                                  f"with KIND one of {', '.join(KINDS)}")
-            faults.append(_One(m["kind"], int(m["rank"] or 0), int(m["step"] or 1), m["backend"]))
+            rank = ANY_RANK if m["rank"] == "*" else int(m["rank"] or 0)
+            faults.append(_One(m["kind"], rank, int(m["step"] or 1), m["backend"]))
         return cls(faults)
 
     def _mine(self, backend, kinds):
         return [f for f in self.faults
-                if f.rank == backend.rank and f.kind in kinds and f.backend in (None, backend.name)]
+                if f.rank in (backend.rank, ANY_RANK) and f.kind in kinds and f.backend in (None, backend.name)]
 
     def install(self, backend) -> None:
         """After setup, before the harness builds the data (wrong-shard picks the share the data comes from)."""
@@ -66,7 +76,7 @@ class Fault:
                 return loss + (loss - loss.detach())
 
             backend.forward_loss = doubled
-        mine = self._mine(backend, ("crash", "hang", "oom", "bloat"))
+        mine = self._mine(backend, ("crash", "hang", "oom", "bloat", "node-dies", "node-freezes"))
         if not mine:
             return
         original, count = backend.step, [0]
@@ -88,8 +98,34 @@ class Fault:
                 next(backend.module.parameters()).add_(1e-3)
 
 
+def _whole_node(sig: int) -> None:
+    """``sig`` to this node's harness and every process of this node's run (they share RUN_TAG), this one last."""
+    import psutil
+
+    from bench.core.markers import HARNESS_ENV, RUN_TAG
+
+    tag, me = os.environ.get(RUN_TAG), os.getpid()
+    victims = [int(os.environ[HARNESS_ENV].split(":")[0])] if os.environ.get(HARNESS_ENV) else []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != me and p.environ().get(RUN_TAG) == tag:
+                victims.append(p.pid)
+        except (psutil.Error, OSError):
+            pass
+    for pid in victims:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    os.kill(me, sig)
+
+
 def _trigger(f: _One, backend):
-    print(f"BENCH_FAULT: injected {f.kind} on rank {f.rank} at step {f.step}", file=sys.stderr, flush=True)
+    print(f"BENCH_FAULT: injected {f.kind} on rank {backend.rank} at step {f.step} (at {time.time():.3f})",
+          file=sys.stderr, flush=True)
+    if f.kind in ("node-dies", "node-freezes"):
+        time.sleep(1.5)  # the phase this step is in reaches the heartbeat first
+        _whole_node(signal.SIGKILL if f.kind == "node-dies" else signal.SIGSTOP)
     if f.kind == "bloat":
         import torch
 

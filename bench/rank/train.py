@@ -18,7 +18,7 @@ import backends
 from bench.core import results
 from bench.core.config import RunConfig
 from bench.core.markers import REFUSED_EXIT, REFUSED_MARKER
-from bench.rank import data
+from bench.rank import data, lifeline
 from bench.rank.energy import EnergyMeter, window_energy
 from bench.rank.evaluate import evaluate
 from bench.rank.faults import Fault
@@ -50,7 +50,8 @@ def run(spec: dict) -> None:
 
     scale0, count0 = backend.loss_scale(), backend.skipped_steps()
     warmup_seconds = []  # each warm-up step on its own (synchronised, untimed): where compilation shows
-    for _ in range(cfg.warmup):
+    for i in range(cfg.warmup):
+        lifeline.set_phase(f"warm-up step {i + 1} of {cfg.warmup}")
         t0 = time.perf_counter()
         backend.train(1)
         sync()
@@ -61,14 +62,18 @@ def run(spec: dict) -> None:
     # warm-up's peaks.
     warmup_memory, warmup_rss = memory_stats(backend), host_peak_rss()
     reset_peaks(backend)
+    lifeline.set_phase("settle step")
     backend.train(SETTLE_STEPS)
     sync()
     scale_after_warmup, count_after_warmup = backend.loss_scale(), backend.skipped_steps()
     meter = EnergyMeter(backend.devices())
     timed = windows(backend, cfg, sync, meter, waited)
 
+    lifeline.set_phase("after the windows")
     fault.after_training(backend)
     memory, host_rss = memory_stats(backend), host_peak_rss()  # before evaluation: the timed windows' peaks
+    if cfg.eval:
+        lifeline.set_phase("evaluation")
     evaluated = evaluate(backend, data.eval_dataset(cfg), backend.feed_batch,
                          data.loader_workers(cfg, backend.feed_batch // cfg.batch_size)) if cfg.eval else None
     for m, w in zip(memory, warmup_memory):
@@ -80,7 +85,7 @@ def run(spec: dict) -> None:
     compute_only, no_compute_only = None, compute_only_reason(backend, cfg)
     if no_compute_only is None:
         with backend.skip_gradient_sync():
-            compute_only = windows(backend, cfg, sync, meter, waited)
+            compute_only = windows(backend, cfg, sync, meter, waited, "compute-only window")
     mine = {
         "rank": backend.rank,
         "window_seconds": timed["seconds"],
@@ -107,6 +112,7 @@ def run(spec: dict) -> None:
         "loader_workers": getattr(backend, "loader_workers", None),
         "warmup_step_seconds": warmup_seconds,
     }
+    lifeline.set_phase("gathering the record")
     gathered = backend.all_gather(mine)
     if backend.rank == 0:
         record = build_record(cfg, spec, gathered, SETTLE_STEPS)
@@ -119,11 +125,12 @@ def run(spec: dict) -> None:
 SETTLE_STEPS = 1  # untimed steps between the peak reset and the first window
 
 
-def windows(backend, cfg: RunConfig, sync, meter, waited: bool) -> dict:
+def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "window") -> dict:
     """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
     t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region."""
     out = {"seconds": [], "data_wait": [], "skipped": [], "energy": []}
     for i in range(cfg.windows):
+        lifeline.set_phase(f"{phase} {i + 1} of {cfg.windows}")  # several nodes: where a lost node was
         backend.barrier()  # start every window together; the barrier itself is not timed
         sync()
         scale, count, joules = backend.loss_scale(), backend.skipped_steps(), meter.read()

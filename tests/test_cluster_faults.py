@@ -1,0 +1,265 @@
+"""Faults at cluster scale (README: When runs fail): a node that dies or freezes mid-window is named within 30 s,
+a harness killed with SIGKILL takes every process of its run with it on every launcher, a full disk leaves no
+partial result file and says so in one line, and two sweeps writing into one results directory lose nothing."""
+import errno
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backends import horovod as hvd_backend
+from bench.core import results
+from tests.conftest import REPO, TINY, bench_inproc, records
+from tests.test_faults import _leftovers
+from tests.test_multinode import free_port
+
+# A run long enough to be killed in its windows: 2 steps a window, step 6 is window 2 (2 warm-up steps, 1 settle).
+ENDLESS = [*TINY[:TINY.index("--steps")], "--steps", "2", "--windows", "1000"]
+
+
+def _bench_popen(*args, env=None, results_dir=None):
+    full = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
+    full.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "bench", "run", *map(str, args)], cwd=REPO, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _node(rank, port, results_dir, fault=None):
+    return _bench_popen("--nnodes", 2, "--node-rank", rank, "--rdzv-endpoint", f"127.0.0.1:{port}",
+                        "--rdzv-timeout", 120, "--gpus", 1, "--backends", "ddp", "--timeout", 400, *ENDLESS,
+                        "--results", results_dir, env={"BENCH_FAULT": fault} if fault else None)
+
+
+def _listening(port, proc, limit=120):
+    """Wait until the first node's torchrun agent hosts the rendezvous store, so the second one joins it."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port}: {proc.communicate()[0] if proc.poll() is not None else ''}")
+
+
+def _fault_time(results_dir) -> float:
+    [log] = (Path(results_dir) / "logs").glob("*.log")
+    return float(re.search(r"BENCH_FAULT: injected node-\w+ on rank \d+ at step 6 \(at ([\d.]+)\)", log.read_text())[1])
+
+
+def _kill_all(results_dir):
+    for p in _leftovers(results_dir):
+        try:
+            p.kill()  # also a stopped (frozen) process
+        except psutil.Error:
+            pass
+
+
+@pytest.mark.slow
+def test_a_lost_node_is_named_within_30_s_with_its_phase_and_nothing_is_left(tmp_path):
+    """The issue's scenario, three ways at once: node 1 is killed (SIGKILL: its connections are reset), node 1
+    freezes (SIGSTOP: nothing is reset, only the heartbeat notices), and node 0, which hosts the rendezvous store
+    (it started first), is killed: node 1 then writes the record, which node 0 always writes otherwise. Each time the
+    survivor's record names what was lost within 30 s of the fault, and the survivor leaves nothing running.
+    --timeout 400: the run's own timeout is not what ends it."""
+    cases = {}  # name -> (port, survivor's node rank, {node rank: its bench run})
+    for name, victim in (("dies", 1), ("freezes", 1), ("store-host-dies", 0)):
+        port, d = free_port(), tmp_path / name
+        fault = f"node-{'freezes' if name == 'freezes' else 'dies'}@rank*:step6"
+        first = _node(0, port, d / "node0", fault if victim == 0 else None)
+        _listening(port, first)  # node 0's agent hosts the store
+        cases[name] = (port, 1 - victim, {0: first, 1: _node(1, port, d / "node1", fault if victim == 1 else None)})
+    try:
+        for name, (port, survivor, nodes) in cases.items():
+            d = tmp_path / name
+            out, _ = nodes[survivor].communicate(timeout=300)
+            ended = time.time()
+            assert nodes[survivor].returncode == 1, out
+            [rec] = records(d / f"node{survivor}")
+            assert rec["status"] == "failed", rec
+            fault_at = _fault_time(d / f"node{1 - survivor}")
+            assert ended - fault_at < 60, (name, ended - fault_at)  # 30 s to notice, then the teardown (busy machine)
+            lost = rec["lost_node"]
+            if name == "store-host-dies":
+                assert re.match(rf"lost the (rendezvous|c10d) store at 127\.0\.0\.1:{port}\b", rec["reason"]), rec["reason"]
+                assert "store" in lost
+            else:
+                assert re.search(r"^lost node 1 \(host \S+, rank \d\) during window 2 of 1000: no heartbeat for 1\d\.\d s, "
+                                 r"noticed by node 0", rec["reason"]), rec["reason"]
+                assert (lost["node"], lost["phase"], lost["detected_by_node"]) == (1, "window 2 of 1000", 0)
+                assert lost["host"] == socket.gethostname() and len(lost["ranks"]) == 1
+                assert lost["detected_at"] - fault_at < 30, (name, lost["detected_at"] - fault_at)
+            assert not _leftovers(d / f"node{survivor}"), name
+    finally:
+        for name, (_, _, nodes) in cases.items():
+            _kill_all(tmp_path / name)
+            for p in nodes.values():
+                p.kill()
+                p.communicate()
+
+
+def _members(harness_pid: int) -> list[psutil.Process]:
+    """Every process started for a run by this harness: they carry its pid in BENCH_HARNESS."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if (p.environ().get("BENCH_HARNESS") or "").startswith(f"{harness_pid}:"):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_a_harness_killed_with_sigkill_takes_every_process_of_its_run_with_it(tmp_path):
+    """bench run killed with SIGKILL mid-run (an OOM killer, a CI runner's hard cancel), on every launcher at once:
+    torchrun (its agent and 2 ranks), torch.multiprocessing.spawn (a parent and 2 ranks), in process (1 rank) and
+    horovodrun (when built). Nothing of the run is left a few seconds later."""
+    cases = {"torchrun": ("ddp", 2, 3), "spawn": ("ddp_spawn", 2, 3), "inproc": ("single", 1, 1)}
+    if hvd_backend.problem() is None:
+        cases["horovodrun"] = ("horovod", 2, 3)
+    elif os.environ.get("BENCH_REQUIRE_HOROVOD") == "1":
+        pytest.fail(f"BENCH_REQUIRE_HOROVOD=1 but {hvd_backend.problem()}")
+    procs = {name: _bench_popen("--backends", b, "--gpus", n, *ENDLESS, "--results", tmp_path / name)
+             for name, (b, n, _) in cases.items()}
+    try:
+        pending, deadline = dict(procs), time.monotonic() + 240
+        while pending and time.monotonic() < deadline:
+            for name, proc in list(pending.items()):
+                assert proc.poll() is None, proc.communicate()[0]
+                if len(_members(proc.pid)) >= cases[name][2]:  # the launcher and its ranks are up
+                    time.sleep(2)
+                    proc.kill()
+                    proc.wait()
+                    killed = time.monotonic()
+                    while _members(proc.pid) and time.monotonic() - killed < 20:
+                        time.sleep(0.2)
+                    left = [(p.pid, p.name()) for p in _members(proc.pid)]
+                    assert not left, f"{name}: still running {time.monotonic() - killed:.0f} s after SIGKILL: {left}"
+                    del pending[name]
+            time.sleep(0.5)
+        assert not pending, f"never started: {list(pending)}"
+    finally:
+        for name, proc in procs.items():
+            proc.kill()
+            proc.communicate()
+            for p in _members(proc.pid):
+                p.kill()
+
+
+# -- a full disk ---------------------------------------------------------------------------------------------------
+
+def test_a_failed_write_leaves_no_file_and_names_the_one_it_was_for(tmp_path, monkeypatch):
+    """The write fails half-way (the disk filled up): no record, no temporary file, and the error names the record."""
+    class HalfFile:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[:len(text) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(results.os, "fdopen", lambda fd, *a, **k: HalfFile(real_fdopen(fd, *a, **k)))
+    rec = results.skeleton({"backend": "single", "launcher": "inproc", "world_size": 1, "device_type": "cpu",
+                            "model": "resnet18", "image_size": 32, "precision": "fp32", "batch_size": 2, "warmup": 2,
+                            "steps": 1, "windows": 2}, "r1", {})
+    rec["status"] = "ok"
+    with pytest.raises(OSError) as e:
+        results.save(rec, tmp_path)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "r1.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 256 KiB tmpfs (a real full disk: ENOSPC from the kernel). Needs root, as CI's machine has."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}); the in-process ENOSPC test still runs")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(disk: Path, free_kib: int):
+    for f in disk.iterdir():
+        f.unlink() if f.is_file() else subprocess.run(["rm", "-rf", str(f)], check=True)
+    stat = os.statvfs(disk)
+    fill = stat.f_bavail * stat.f_frsize - free_kib * 1024
+    (disk / "filler").write_bytes(b"\0" * fill)
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_with_one_line_and_leaves_no_partial_file(tiny_disk, tmp_path):
+    """A run on a disk with 0 and then 12 KiB free (tmpfs pages are 4 KiB): the log fails, then the record.
+    Whichever fails: one line naming that file, exit 1, no temporary or half-written JSON, nothing left
+    running. Then a baseline written to the full disk: the same."""
+    for free, fails in ((0, "logs/"), (12, "")):  # 12 KiB: the log and the spec fit, the record does not
+        _fill(tiny_disk, free)
+        raw = tiny_disk / "raw"
+        proc = bench_inproc("run", "--backends", "single", *TINY, "--results", raw)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"bench: error: cannot write {raw}/{fails}"), last
+        assert re.fullmatch(rf"bench: error: cannot write {re.escape(str(raw))}/\S+: No space left on device \(ENOSPC\); "
+                            r"no partial file was left; .*--resume.*", last), (free, proc.stderr)
+        for f in raw.rglob("*"):
+            assert not f.name.startswith(".tmp-"), f
+            if f.suffix == ".json":
+                json.loads(f.read_text())  # whole, or not there at all
+        assert not _leftovers(raw)
+    source = tmp_path / "records"
+    rec = results.skeleton({"backend": "single", "launcher": "inproc", "world_size": 1, "device_type": "cpu",
+                            "model": "resnet18", "image_size": 32, "precision": "fp32", "batch_size": 2, "warmup": 2,
+                            "steps": 1, "windows": 2}, "r1", {"device_names": ["cpu"]})
+    rec.update(status="ok", throughput=10.0, window_seconds=[0.2, 0.2])
+    results.save(rec, source)
+    _fill(tiny_disk, 0)
+    proc = subprocess.run([sys.executable, "-m", "bench", "baseline", "save", "--from", source, "--name", "cpu-x1",
+                           "--out-dir", tiny_disk / "baselines"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"bench: error: cannot write {tiny_disk / 'baselines' / 'cpu-x1.json'}: No space left on device (ENOSPC)")
+    assert [f.name for f in (tiny_disk / "baselines").iterdir()] == []
+
+
+@pytest.mark.slow
+def test_two_sweeps_writing_into_one_results_directory_keep_every_record_apart(tmp_path):
+    """Two terminals (or CI jobs) run bench run into the same directory at the same time: every run keeps its own
+    record and log, none is lost or mixed with another, and the report reads them all."""
+    raw = tmp_path / "raw"
+    sweeps = [_bench_popen("--backends", "single", "--repeat", 2, "--note", note, *TINY, "--results", raw)
+              for note in ("first", "second")]
+    for proc in sweeps:
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out
+    recs = records(raw)
+    assert sorted(r["note"] for r in recs) == ["first", "first", "second", "second"]
+    assert sorted((r["note"], r["repeat_index"]) for r in recs) == [("first", 1), ("first", 2), ("second", 1),
+                                                                    ("second", 2)]
+    for r in recs:
+        assert r["status"] == "ok" and (raw / f"{r['run_id']}.json").exists()
+        log = (raw / "logs" / f"{r['run_id']}.log").read_text()
+        assert log.count("$ ") == 1 and r["run_id"] in log  # one run's log, its own
+    assert len({r["run_id"] for r in recs}) == 4
+    assert not [f for f in raw.rglob(".tmp-*")]
