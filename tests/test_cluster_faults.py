@@ -248,15 +248,14 @@ def test_two_sweeps_writing_into_one_results_directory_keep_every_record_apart(t
     """Two terminals (or CI jobs) run bench run into the same directory at the same time: every run keeps its own
     record and log, none is lost or mixed with another, and the report reads them all."""
     raw = tmp_path / "raw"
-    sweeps = [_bench_popen("--backends", "single", "--repeat", 2, "--note", note, *TINY, "--results", raw)
-              for note in ("first", "second")]
+    # the two sweeps differ in their batch (2 and 3 per device), so a record says which sweep wrote it
+    sweeps = [_bench_popen("--backends", "single", "--repeat", 2, *TINY, "--windows", 1, "--batch-size", batch,
+                           "--results", raw) for batch in (2, 3)]
     for proc in sweeps:
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out
     recs = records(raw)
-    assert sorted(r["note"] for r in recs) == ["first", "first", "second", "second"]
-    assert sorted((r["note"], r["repeat_index"]) for r in recs) == [("first", 1), ("first", 2), ("second", 1),
-                                                                    ("second", 2)]
+    assert sorted((r["batch_per_device"], r["repeat_index"]) for r in recs) == [(2, 1), (2, 2), (3, 1), (3, 2)]
     for r in recs:
         assert r["status"] == "ok" and (raw / f"{r['run_id']}.json").exists()
         log = (raw / "logs" / f"{r['run_id']}.log").read_text()

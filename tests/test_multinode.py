@@ -39,13 +39,13 @@ def test_two_nodes_on_one_machine_give_one_record_per_run(tmp_path):
     """Each node has its own results directory, as two machines without shared storage would: the record is on
     whichever node global rank 0 landed, and nowhere else."""
     port = free_port()
-    nodes = [start_node(r, port, tmp_path / f"node{r}", "--backends", "ddp,fsdp2,ddp_spawn", *TINY) for r in (0, 1)]
+    nodes = [start_node(r, port, tmp_path / f"node{r}", "--backends", "ddp,ddp_spawn", *TINY) for r in (0, 1)]
     done = [finish(p) for p in nodes]
     for rc, out, err in done:
         assert rc == 0, out + err
     recs = records(tmp_path / "node0") + records(tmp_path / "node1")
     ok = sorted((r for r in recs if r["status"] == "ok"), key=lambda r: r["backend"])
-    assert [r["backend"] for r in ok] == ["ddp", "fsdp2"]
+    assert [r["backend"] for r in ok] == ["ddp"]  # (every torchrun backend joins nodes the same way)
     for r in ok:
         assert (r["world_size"], r["nnodes"], r["nproc_per_node"]) == (2, 2, 1)
         assert r["replicas_consistent"] is True
