@@ -464,11 +464,13 @@ def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path, capsys):
             code, out, err = proc.returncode, proc.stdout, proc.stderr
         else:  # in this process (one torch start-up less)
             code, _, out, err = gate(capsys, base, cur, *args)
-        assert code == 0, out + err
         data = json.loads(out)
         row = only_row(data)
+        # a neighbour (another test worker) during a side's windows makes the comparison inconclusive (exit 3)
+        disturbed = row["inconclusive"] and row["verdict"] == "inconclusive"
+        assert code == (3 if disturbed else 0), out + err
         assert row["status"] == "compared" and row["config"] == "single x1 resnet18 32px b4/dev fp32"
-        assert row["verdict"] in ("no significant change", "faster")  # exit 0 already excludes slower
+        assert row["verdict"] in ("no significant change", "faster", "inconclusive")  # never slower
         assert (row["baseline"]["runs"], row["current"]["runs"], row["current"]["windows"]) == (2, 2, 6)
         assert row["memory_kind"] == "host RSS"  # CPU: reported, not gated
         assert data["hardware"]["baseline"] == data["hardware"]["current"]

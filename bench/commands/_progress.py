@@ -45,6 +45,13 @@ class Sweep:
         else:
             print(line, file=self.stream, flush=True)
 
+    def say(self, text: str) -> None:
+        """A line of its own, above the bar (waiting for a quiet machine, for example)."""
+        if self.bar:
+            self.bar.console.print(f"    {text}", markup=False, highlight=False)
+        else:
+            print(f"    {text}", file=self.stream, flush=True)
+
     def finish(self, result: str) -> None:
         if self.bar:
             self.bar.console.print(f"    {result}", markup=False, highlight=False)

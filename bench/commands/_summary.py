@@ -1,5 +1,8 @@
-"""The one-table console summary printed at the end of a sweep."""
+"""The one-table console summary printed at the end of a sweep, and the warnings about its numbers
+(bench/core/trust.py: disturbed runs, unstable repeats, a slow first window, world size 1 far from single)."""
 from __future__ import annotations
+
+import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -11,8 +14,11 @@ def one_line(rec: dict) -> str:
         return f"ok: {rec['reason']}"
     if rec["status"] == "ok":
         lo, hi = rec["throughput_ci95"]
-        return (f"ok: {rec['throughput']:.1f} img/s global (95% CI {lo:.1f}-{hi:.1f}), "
+        line = (f"ok: {rec['throughput']:.1f} img/s global (95% CI {lo:.1f}-{hi:.1f}), "
                 f"{rec['per_device_throughput']:.1f} img/s per device")
+        if rec.get("disturbed"):
+            line += f"; ⚠ disturbed: {'; '.join(rec.get('disturbed_reasons') or [])}"
+        return line
     return f"{rec['status']}: {rec['reason']}"
 
 
@@ -30,6 +36,21 @@ def print_table(records: list[dict], console: Console | None = None) -> None:
         status = f"{r['status']}: {r['reason']}" if r["status"] != "ok" or r.get("record_elsewhere") else "ok"
         if ok and r.get("replicas_consistent") is False:
             status = "ok, but replicas DIFFER after training"
+        elif ok and r.get("disturbed"):
+            status = "ok, ⚠ disturbed"
         table.add_row(r["backend"], str(r["world_size"]), f"{r['throughput']:.1f}" if ok else "-",
                       f"{r['per_device_throughput']:.1f}" if ok else "-", r["precision"], escape(status))
     (console or Console(width=160)).print(table)
+
+
+def print_warnings(records: list[dict], stream=None) -> None:
+    """One line per warning about the sweep's numbers, each with its reason and what to do; nothing when none."""
+    from bench.core import trust
+
+    found = trust.sweep_warnings(records)
+    if not found:
+        return
+    stream = stream or sys.stdout
+    print(f"\nWarnings ({len(found)}): these numbers should not be believed as they stand", file=stream)
+    for w in found:
+        print(f"  {trust.text(w)}", file=stream)

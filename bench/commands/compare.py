@@ -34,9 +34,17 @@ exit 2, when the two sides were measured on different hardware, unless ``--allow
 is given (then configurations are matched ignoring the hardware). Differing torch / CUDA / cuDNN / NCCL /
 driver versions are allowed, with one warning line each: they are often the change being tested.
 
+Disturbed runs (bench/core/trust.py: another process used the CPUs or a GPU, or a GPU was throttled, while a run
+was timed). A configuration with a disturbed run on either side is not judged on throughput: its throughput verdict
+is ``inconclusive`` (what it would have been is in the notes), it never fails the gate on speed, and the gate exits
+3 when nothing else failed, so CI can run it again instead of paging someone (``make regress`` does, once, waiting
+for a quiet machine). Memory, failed runs and diverged replicas are judged as always: another process does not
+change them. Unstable repeats and slow first windows are listed as warnings and change nothing.
+
 Exit codes: 0 nothing regressed; 1 something is slower or uses more memory; 2 bad input (a missing path,
 no records, bad option values, different hardware, or no configuration present on both sides: a gate
-that compared nothing must not pass). New and missing configurations are listed but do not fail; a
+that compared nothing must not pass); 3 inconclusive: nothing regressed, but at least one configuration was
+compared on disturbed runs. New and missing configurations are listed but do not fail; a
 configuration with a *failed* current run (crash, hang, out of memory), even beside ok repeats, fails the
 gate, and so does a current run whose replicas ended with different parameters
 (``replicas_consistent: false``).
@@ -57,6 +65,8 @@ ENV_VERSIONS = ("torch", "cuda", "cudnn", "nccl", "driver")
 GiB = 2 ** 30
 
 SLOWER, FASTER, SAME, NEW, MISSING = "slower", "faster", "no significant change", "new", "missing"
+INCONCLUSIVE = "inconclusive"
+EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 FAILED, REPLICAS_DIFFER = "failed", "replicas differ"
 MORE_MEMORY, LESS_MEMORY = "more memory", "less memory"
 
@@ -69,7 +79,8 @@ def register(sub) -> None:
         "compare", help="regression gate: compare CURRENT records with a BASELINE (exit 1 on a regression)",
         description="Compare throughput (run medians) and peak memory of every configuration present in "
                     "both BASELINE and CURRENT. Exit 0: nothing regressed; 1: something is slower or uses more "
-                    "memory; 2: bad input.")
+                    "memory; 2: bad input; 3: inconclusive (nothing regressed, but runs on either side were disturbed "
+                    "by other processes or GPU throttling: run again on a quiet machine).")
     c.add_argument("baseline", metavar="BASELINE", help="record file, directory of records, or saved baseline")
     c.add_argument("current", metavar="CURRENT", help="record file, directory of records, or saved baseline")
     c.add_argument("--threshold", default=str(DEFAULT_THRESHOLD),
@@ -124,7 +135,9 @@ def cmd_compare(args) -> int:
     if not result["compared"]:
         raise UsageError(f"no configuration is present in both baseline and current ({len(result['missing'])} "
                          f"missing, {len(result['new'])} new): nothing was compared")
-    return 1 if result["regressed"] else 0
+    if result["regressed"]:
+        return EXIT_REGRESSION
+    return EXIT_INCONCLUSIVE if result["inconclusive"] else EXIT_OK
 
 
 def _load_side(path: str, side: str) -> dict:
@@ -274,6 +287,10 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
             rows.append(_one_sided(bg[key], MISSING, why, "baseline"))
 
     compared = [r for r in rows if r["status"] == "compared"]
+    inconclusive = [r for r in compared if r["inconclusive"]]
+    if inconclusive:
+        warn(f"{len(inconclusive)} configuration(s) compared on disturbed runs: their throughput was NOT judged "
+             "(inconclusive); run the gate again on a quiet machine")
     underpowered = [r for r in compared if r["underpowered"]]
     if underpowered:
         worst = max(r["min_p_value"] for r in underpowered)
@@ -296,6 +313,8 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
         "missing": [r["config"] for r in rows if r["status"] == MISSING],
         "regressions": [r["config"] for r in rows if r["regression"]],
         "regressed": any(r["regression"] for r in rows),
+        "inconclusive": [r["config"] for r in inconclusive],
+        "warnings": list(dict.fromkeys(w for r in rows for w in r["warnings"])),
     }
 
 
@@ -332,7 +351,8 @@ def _row(recs, status) -> dict:
     return {"config": label(recs[0]), "key": {k: v for k, v in _match_key(recs[0], False)}, "status": status,
             "baseline": None, "current": None, "ratio": None, "p_value": None, "min_p_value": None,
             "underpowered": False, "throughput_verdict": None, "memory_ratio": None, "memory_kind": None,
-            "memory_verdict": None, "verdict": status, "regression": False, "notes": []}
+            "memory_verdict": None, "verdict": status, "regression": False, "inconclusive": False, "notes": [],
+            "warnings": []}
 
 
 def _one_sided(recs, status, why, side) -> dict:
@@ -374,6 +394,23 @@ def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict
         else:
             verdicts.append(SAME)
             notes.append(f"{change} is significant (p={p:.2g}) but within the {_pct(threshold)} threshold")
+    from bench.core import trust
+
+    for side, recs in (("baseline", brecs), ("current", crecs)):
+        row["warnings"] += [trust.text({**w, "subject": f"{side} {w['subject']}"}) for w in trust.config_warnings(recs)]
+    disturbed = [(side, r) for side, recs in (("baseline", brecs), ("current", crecs))
+                 for r in recs if r.get("disturbed")]
+    if disturbed and b["windows"] and c["windows"]:
+        # another process (or a throttled GPU) set the pace of these runs: no verdict on speed either way
+        row["inconclusive"] = True
+        sides = ", ".join(f"{sum(s == side for s, _ in disturbed)} {side}" for side in ("baseline", "current")
+                          if any(s == side for s, _ in disturbed))
+        why = list(dict.fromkeys(x for _, r in disturbed for x in r.get("disturbed_reasons") or []))
+        notes.append(f"inconclusive: {sides} run(s) disturbed ({'; '.join(why[:2]) or 'no reason recorded'}); "
+                     f"on these runs the verdict would be '{verdicts[0]}'"
+                     + ("; re-record the baseline on a quiet machine" if any(s == "baseline" for s, _ in disturbed)
+                        else "; run the gate again on a quiet machine"))
+        verdicts[0] = INCONCLUSIVE
     row["throughput_verdict"] = verdicts[0]
 
     regression = verdicts[0] == SLOWER
@@ -480,6 +517,9 @@ def render_md(result: dict) -> str:
         verdict = f"**{r['verdict']}**" if r["regression"] else r["verdict"]
         lines.append("| " + " | ".join(_cell(x) for x in (r["config"], base, cur, ratio, p, _memory_cell(r), verdict,
                                                            "; ".join(r["notes"]))) + " |")
+    if result["warnings"]:
+        lines += ["", "**Warnings** (figures that should not be believed as they stand):", ""]
+        lines += [f"- {w}" for w in result["warnings"]]
     lines += ["", summary_line(result), ""]
     return "\n".join(lines)
 
@@ -496,6 +536,9 @@ def summary_line(result: dict) -> str:
         return f"**ERROR:** nothing compared; {len(result['new'])} new, {len(result['missing'])} missing. Exit 2."
     if result["regressed"]:
         return f"**REGRESSION** in {len(result['regressions'])} configuration(s): {tail}. Exit 1."
+    if result["inconclusive"]:
+        return (f"**INCONCLUSIVE**: {len(result['inconclusive'])} configuration(s) compared on disturbed runs, their "
+                f"throughput not judged; nothing else regressed: {tail}. Run the gate again on a quiet machine. Exit 3.")
     return f"**PASS**: {tail}. Exit 0."
 
 

@@ -13,11 +13,18 @@ from bench.commands import _nodes
 from bench.commands._plan import add_run_arguments, check_writable, horovod_info, interleave, loader_unavailable, plan
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError, warn
+from bench.core.trust import OTHERS_CPU_SHARE
+
+WAIT_QUIET_S = 120.0  # --wait-quiet with no value: the longest wait before each run
 
 
 def register(sub) -> None:
     r = sub.add_parser("run", help="run backends x world sizes and write one JSON record per run")
     add_run_arguments(r)
+    r.add_argument("--wait-quiet", nargs="?", type=float, const=WAIT_QUIET_S, default=None, metavar="SECONDS",
+                   help="before each run, wait up to SECONDS (default {:g}) for a quiet machine: other processes "
+                        "using less than {:g}%% of the CPUs, none on the run's GPUs (off by default)".format(
+                            WAIT_QUIET_S, 100 * OTHERS_CPU_SHARE))
     r.set_defaults(func=cmd_run)
 
 
@@ -26,7 +33,12 @@ def cmd_run(args) -> int:
     from bench.commands import _progress as progress
     from bench.commands import _summary as summary
     from bench.core import results
+    from bench.launch import machine
 
+    wait_quiet = getattr(args, "wait_quiet", None)
+    if wait_quiet is not None and not wait_quiet > 0:
+        raise UsageError(f"--wait-quiet {wait_quiet:g}: expected a positive number of seconds (the longest wait "
+                         "before each run)")
     configs, notes = plan(args)
     if not configs:
         raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
@@ -57,17 +69,26 @@ def cmd_run(args) -> int:
                 knob = " cudnn.benchmark off" if cfg.cudnn_benchmark is False else ""
                 bar.start(f"{cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} {cfg.image_size}px "
                           f"batch {cfg.batch_size}/device {cfg.precision}{knob}{rep}")
-                rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
-                                     rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "",
-                                     unavailable=loader_unavailable(cfg))
+                # The machine around the run: load, others' CPU time and GPUs during its windows (bench/launch/
+                # machine.py); the record says whether it was disturbed (bench/core/trust.py judges).
+                gpus = machine.run_gpus(cfg.device_type, cfg.world_size // max(1, cfg.nnodes))
+                runs = wait_quiet and not (loader_unavailable(cfg) or backends.create(cfg.backend).unavailable(cfg))
+                waited = machine.wait_quiet(cfg.device_type, gpus, wait_quiet, say=bar.say) if runs else None
+                with machine.Watch(cfg.device_type, gpus) as watch:
+                    rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
+                                         rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "",
+                                         unavailable=loader_unavailable(cfg))
+                rec = machine.attach(rec, watch, results_dir, waited)
                 records.append(rec)
                 bar.finish(summary.one_line(rec))
     except KeyboardInterrupt:
         print(f"\ninterrupted: {len(records)} of {len(configs)} runs finished; their records are in {results_dir}",
               file=sys.stderr)
         summary.print_table(records)
+        summary.print_warnings(records)
         return 130
     summary.print_table(records)
+    summary.print_warnings(records)
     # A run whose replicas diverged measured something other than data-parallel training: fail like a crash.
     return 1 if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records) else 0
 

@@ -116,7 +116,8 @@ def run(spec: dict) -> None:
     gathered = backend.all_gather(mine)
     if backend.rank == 0:
         record = build_record(cfg, spec, gathered, SETTLE_STEPS)
-        record.update(hosts=hosts, launched_by=spec.get("launched_by"))
+        record.update(hosts=hosts, launched_by=spec.get("launched_by"), windows_wall_span=timed["wall_span"],
+                      compute_only_wall_span=compute_only and compute_only["wall_span"])
         results.save(record, spec["results_dir"])
     backend.barrier()  # nobody tears the process group down while rank 0 still needs it
     backend.teardown()
@@ -135,7 +136,7 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "wi
         sync()
         scale, count, joules = backend.loss_scale(), backend.skipped_steps(), meter.read()
         if i == 0:  # energy over the whole span: NVML's counter is too coarse for one window (bench/rank/energy.py)
-            first_joules, e0 = joules, time.perf_counter()
+            first_joules, e0, wall0 = joules, time.perf_counter(), time.time()
         w0 = backend.batches.wait_seconds if waited else 0.0
         t0 = time.perf_counter()
         backend.train(cfg.steps)
@@ -146,6 +147,7 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "wi
         last_joules = meter.read()
         out["energy"].append(window_energy(joules, last_joules))
     out["energy_span"] = (window_energy(first_joules, last_joules), time.perf_counter() - e0)
+    out["wall_span"] = [wall0, time.time()]  # epoch seconds: the harness's machine watch reads this span
     return out
 
 

@@ -64,7 +64,7 @@ def cmd_report(args) -> int:
     write_atomic(out / "REPORT.md", md)
     page = out / "REPORT.html"
     write_atomic(page, html.page(md, summary.to_dict("records"), src, out))
-    csv = summary.drop(columns=["_recs", "_samples"]).infer_objects().round(3)
+    csv = summary.drop(columns=["_recs", "_samples", "_warnings"]).infer_objects().round(3)
     csv[CSV_FIRST + [c for c in csv.columns if c not in CSV_FIRST]].to_csv(out / "summary.csv", index=False)
     print("\n".join(console) + f"\n\nreport: {(out / 'REPORT.md').resolve()}\nhtml:   {page.resolve()}")
     print("\n".join(["", "== Verdict"] + console_lines(verdicts)))

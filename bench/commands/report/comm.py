@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import fmt, label, md_table, slug
+from bench.commands.report.common import fmt, label, mark, md_table, slug
 
 BUCKET_MB = 25.0  # DDP's default bucket_cap_mb, for the predictions in the report
 
@@ -35,7 +35,8 @@ def comm_table(ok: list[dict], unit: str) -> list[str]:
         pct = lambda x: None if x is None else f"{100 * x:.1f} %"  # noqa: E731
         rows.append([label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], "img/s"),
                      fmt(r.get("compute_only_img_s"), "img/s"), s and f"{s['exposed_ms']:.1f} ms",
-                     s and pct(s["exposed_share"]), s and pct(s["comm_loss"]), s and pct(s["other_loss"]),
+                     s and pct(s["exposed_share"]), s and mark(pct(s["comm_loss"]), r, "comm_loss"),
+                     s and mark(pct(s["other_loss"]), r, "other_loss"),
                      r.get("compute_only_keeps") or (None if s else f"not measured: {r.get('compute_only_reason')}")])
     if not rows:
         return []

@@ -27,6 +27,19 @@ CPU_CAVEAT = ("**CPU figures.** These numbers come from CPU worker processes ove
               "they say nothing about GPU scaling.")
 
 
+MARK = " ⚠"  # after a figure that a warning is about (caution.py lists the warnings under the tables)
+
+
+def flagged(r: dict, *fields: str, kinds: tuple = ()) -> bool:
+    """Whether a warning of the row (``_warnings``, report/caution.py) is about one of these figures."""
+    return any(w["field"] in fields or w["kind"] in kinds for w in r.get("_warnings") or [])
+
+
+def mark(text: str | None, r: dict, *fields: str, kinds: tuple = ()) -> str | None:
+    """``text`` with the warning mark when a warning is about that figure."""
+    return text + MARK if text is not None and flagged(r, *fields, kinds=kinds) else text
+
+
 def fmt(x, unit: str, digits: int = 1) -> str | None:
     return None if x is None else f"{x:,.{digits}f} {unit}"
 

@@ -40,14 +40,22 @@ summary { cursor: pointer; color: #2456a6; margin: 6px 0; }
 
 
 def inline(text: str) -> str:
-    """Escape, then the inline Markdown the report uses: `code`, **bold**, *emphasis*."""
-    out = []
-    for i, part in enumerate(re.split(r"`([^`]*)`", text)):
+    """Escape, then the inline Markdown the report uses: `code`, **bold** (which may hold `code`, as a verdict's
+    headline does), *emphasis*."""
+    parts = re.split(r"`([^`]*)`", text)
+    bold = sum(part.count("**") for part in parts[::2]) % 2 == 0  # an unpaired ** stays as it is
+    out, opened = [], False
+    for i, part in enumerate(parts):
         if i % 2:
             out.append(f"<code>{html.escape(part)}</code>")
             continue
         part = html.escape(part, quote=False)
-        part = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", part)
+        if bold:
+            pieces = part.split("**")
+            part = pieces[0]
+            for piece in pieces[1:]:
+                opened = not opened
+                part += ("<strong>" if opened else "</strong>") + piece
         out.append(re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", part))
     return "".join(out)
 

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.commands.report import comm, verdict
+from bench.commands.report import caution, comm, verdict
 from bench.commands.report.common import (
     BASELINE,
     CPU_CAVEAT,
@@ -18,6 +18,7 @@ from bench.commands.report.common import (
     fmt,
     groups,
     label,
+    mark,
     md_table,
     slug,
     sort_rows,
@@ -30,6 +31,7 @@ from bench.commands.report.plots import plot_workload
 from bench.commands.report.settings import section as settings_section
 from bench.commands.report.summary import device_memory
 from bench.commands.report.verdict import duration, epoch_seconds
+from bench.core.trust import SAME_COMPUTATION
 
 
 def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list[str], list[dict]]:
@@ -48,6 +50,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
           "interval then says *within-run only* and understates the uncertainty (`bench run --repeat 3`). "
           f"Per-device = global / world size. {STAR} marks the highest median global throughput at each world "
           "size and precision in its table; where the intervals overlap, the difference is not established.", ""]
+    md += caution.banner(rows)
     verdicts = verdict.verdicts(rows)
     md += verdict.markdown(verdicts)
     console = []
@@ -75,10 +78,10 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                    efficiency_table(ok, unit), "", "**3. Memory** (timed-window peak per GPU, or per rank on CPU, after warm-up; warm-up's own peak "
                    "in the last column; every ok run)", "",
                    memory_table(ok, device), ""] + eval_table(ok, label) + comm.comm_table(ok, unit) \
-                + comm.hardware_table(ok, unit) + notes(ok)
+                + comm.hardware_table(ok, unit) + notes(ok) + caution.section(ok)
             plots += comm.plot_split(ok, stem, f"{title} · {hw} ({device})", unit)
             md += [f"![{kind}](plots/{name})" for kind, name in plots] + [""]
-            console += ["", title, thr]
+            console += ["", title, thr] + caution.lines(ok)
         bad = sorted(((rec, r) for r in srows for rec in r["_recs"] if rec["status"] != "ok"),
                      key=lambda x: str(x[0]["run_id"]))
         bad_rows = [[r["backend"], r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",
@@ -137,8 +140,9 @@ def throughput_table(ok: list[dict], unit: str) -> str:
         ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "CV across runs",
          "per-device throughput", "ImageNet-1k epoch"],
         [[f"**{label(r)}** {STAR}" if r["best_at_world_size"] else label(r), r["world_size"], r["precision"],
-          f"{r['runs_ok']} ({len(r['_samples'])})", fmt(r["global_img_s"], "img/s"), interval(r),
-          fmt(r["cv_runs_pct"], "%"), fmt(r["per_device_img_s"], "img/s"), duration(epoch_seconds(r["global_img_s"]))]
+          f"{r['runs_ok']} ({len(r['_samples'])})", mark(fmt(r["global_img_s"], "img/s"), r, "throughput"), interval(r),
+          mark(fmt(r["cv_runs_pct"], "%"), r, "cv"), fmt(r["per_device_img_s"], "img/s"),
+          duration(epoch_seconds(r["global_img_s"]))]
          for r in ok], {1, 3, 4, 5, 6, 7, 8})
 
 
@@ -149,8 +153,10 @@ def efficiency_table(ok: list[dict], unit: str) -> str:
     extra = ["intra-node efficiency", "inter-node efficiency"] if nodes else []
     return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1",
                      "efficiency vs own@1", *extra],
-                    [[label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], "img/s"),
-                      fmt(r["eff_vs_single_pct"], "%"), fmt(r["eff_vs_own_ws1_pct"], "%")]
+                    [[label(r), r["world_size"], r["precision"], mark(fmt(r["global_img_s"], "img/s"), r, "throughput"),
+                      mark(fmt(r["eff_vs_single_pct"], "%"), r, "eff_vs_single",
+                           kinds=(SAME_COMPUTATION,) if r["world_size"] == 1 else ()),
+                      mark(fmt(r["eff_vs_own_ws1_pct"], "%"), r, "eff_vs_own")]
                      + ([fmt(r.get("intra_node_eff_pct"), "%"), fmt(r.get("inter_node_eff_pct"), "%")] if nodes else [])
                      for r in ok], {1, 3, 4, 5, 6, 7})
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import BASELINE, GiB, label
+from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label
 from bench.commands.report.summary import device_memory
+from bench.core.trust import SAME_COMPUTATION
 
 
 def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str) -> list[tuple[str, str]]:
@@ -48,6 +49,7 @@ def _plot_throughput(plt, ok, series, color, unit, device):
         err = [[r["global_img_s"] - r["ci95_low_img_s"] for r in rs],
                [r["ci95_high_img_s"] - r["global_img_s"] for r in rs]]
         ax.errorbar([r["world_size"] for r in rs], y, yerr=err, marker="o", capsize=4, color=color[name], label=name)
+    _ring(ax, [(r["world_size"], r["global_img_s"]) for r in ok if flagged(r, "throughput", "cv")])
     # ideal linear scaling from single@1 (one line per precision); without it, from the best world-size-1 run
     top = max(r["world_size"] for r in ok)
     base = [r for r in ok if r["backend"] == BASELINE and r["world_size"] == 1]
@@ -65,11 +67,17 @@ def _plot_efficiency(plt, ok, series, color, unit, device):
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.8), sharey=True)
     for ax, col, what in zip(axes, ("eff_vs_single_pct", "eff_vs_own_ws1_pct"), (f"vs {BASELINE}@1", "vs own@1")):
         drawn = False
+        field = "eff_vs_single" if col == "eff_vs_single_pct" else "eff_vs_own"
         for name, rs in series.items():
             pts = [(r["world_size"], r[col]) for r in rs if r[col] is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=color[name], label=name)
                 drawn = True
+        bad = [(r["world_size"], r[col]) for r in ok if r[col] is not None
+               and flagged(r, field, "throughput", kinds=(SAME_COMPUTATION,))]
+        _ring(ax, bad)
+        for x, y in bad:
+            ax.annotate(f"{y:.0f}%{MARK}", (x, y), textcoords="offset points", xytext=(8, 4), fontsize=8, color="red")
         ax.axhline(100, ls="--", color="gray", label="ideal (100 %)")
         if not drawn:
             ax.text(0.5, 0.5, "no such baseline in these records", transform=ax.transAxes, ha="center", color="gray")
@@ -79,6 +87,13 @@ def _plot_efficiency(plt, ok, series, color, unit, device):
     axes[0].set_ylabel("scaling efficiency (%)")
     axes[0].set_ylim(bottom=0)
     return fig, "Scaling efficiency: thr(N) / (N × thr(baseline, 1))"
+
+
+def _ring(ax, points) -> None:
+    """A red ring around each point a warning is about (report/caution.py), with a legend entry saying so."""
+    if points:
+        ax.scatter(*zip(*points), s=180, facecolors="none", edgecolors="red", linewidths=1.6, zorder=4,
+                   label=f"{MARK.strip()} not to be believed as it stands (see Warnings)")
 
 
 def _panels(plt, ok, series, unit):

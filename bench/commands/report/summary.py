@@ -76,7 +76,9 @@ def summarise(recs: list[dict]):
         row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
         rows.append(row)
     dp_imbalance_from_cudnn_off(rows)
-    return nones(add_efficiency(nones(pd.DataFrame(rows))))
+    from bench.commands.report import caution
+
+    return caution.attach(nones(add_efficiency(nones(pd.DataFrame(rows)))))
 
 
 def dp_imbalance_from_cudnn_off(rows: list[dict]) -> None:

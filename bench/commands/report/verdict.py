@@ -4,10 +4,12 @@ and what every alternative costs relative to it.
 Pure functions on the summary rows (``summary.summarise``), using the intervals it computed. A difference is
 *established* only when the two 95% intervals do not overlap and both come from several runs; where the best
 median's interval overlaps another's, or the intervals are within-run only (one run each), no winner is named.
+Nor is one named from disturbed runs (bench/core/trust.py): another process used the machine while they were timed.
+Every warning about the group's figures (report/caution.py) is listed with the verdict.
 """
 from __future__ import annotations
 
-from bench.commands.report import comm
+from bench.commands.report import caution, comm
 from bench.commands.report.common import BASELINE, SECTION, WITHIN_RUN, WORKLOAD, groups, label, sort_rows
 from bench.commands.report.summary import device_memory
 
@@ -115,11 +117,20 @@ def verdicts(rows: list[dict]) -> list[dict]:
         best, rest = ok[0], ok[1:]
         tied = [best] + [r for r in rest if overlap(r, best)]
         across_runs = all(r["interval"] != WITHIN_RUN for r in ok)  # within-run intervals miss the run-to-run spread
-        v = {"title": title(best), "established": len(tied) == 1 and bool(rest) and across_runs, "best": label(best),
-             "evidence": [], "alternatives": []}
+        disturbed = [r for r in ok if r.get("runs_disturbed")]  # another process used the machine while timed
+        v = {"title": title(best), "established": len(tied) == 1 and bool(rest) and across_runs and not disturbed,
+             "best": label(best), "evidence": [], "alternatives": [], "warnings": caution.lines(g)}
         if not rest:
             v["headline"] = f"Only {label(best)} ran here: nothing to compare it with."
             v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+        elif disturbed:
+            runs = sum(r["runs_disturbed"] for r in disturbed)
+            v["headline"] = (f"No winner established: {runs} run{'s' if runs > 1 else ''} of "
+                             f"{', '.join(label(r) for r in disturbed)} {'were' if runs > 1 else 'was'} disturbed "
+                             "(other processes used the machine while they were timed), so "
+                             f"{'their' if runs > 1 else 'its'} figures are not to be believed; fastest by the "
+                             f"medians: {label(best)}. Re-run on a quiet machine (`bench run --wait-quiet`).")
+            v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
         elif len(tied) == 1 and not across_runs:
             v["headline"] = (f"Fastest here: {label(best)}, but no winner established: with one run per configuration "
                              "the 95% intervals are within-run only and miss the run-to-run spread "
@@ -152,7 +163,8 @@ def console_lines(vs: list[dict]) -> list[str]:
     lines = []
     for v in vs:
         lines += [f"{v['title']}: {v['headline']}"] + [f"  + {e}" for e in v["evidence"]] \
-            + [f"  - {a}" for a in v["alternatives"]] + ([f"  ! {v['caveat']}"] if v.get("caveat") else [])
+            + [f"  - {a}" for a in v["alternatives"]] + ([f"  ! {v['caveat']}"] if v.get("caveat") else []) \
+            + [f"  {w}" for w in v.get("warnings") or []]
     return lines
 
 
@@ -171,4 +183,6 @@ def markdown(vs: list[dict]) -> list[str]:
             md += ["Alternatives, relative to the fastest:", ""] + [f"- {a}" for a in v["alternatives"]] + [""]
         if v.get("caveat"):
             md += [f"> {v['caveat']}", ""]
+        if v.get("warnings"):
+            md += ["Warnings about these figures:", ""] + [f"- {w}" for w in v["warnings"]] + [""]
     return md
