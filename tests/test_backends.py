@@ -172,3 +172,76 @@ def test_find_max_batch_on_cpu_with_a_heap_budget(tmp_path):
     assert results[row["max_batch"]] == "fits" and 1 <= row["max_batch"] < 512
     assert all(r == "out of memory" for b, r in results.items() if b > row["max_batch"])
     assert "max batch per device:" in proc.stdout
+
+
+def test_dataparallel_replicas_run_the_recorded_dtype_where_autocast_defaults_to_another():
+    """parallel_apply re-enters autocast with no dtype in each replica's thread, so the wrapper must set the record's
+    dtype itself. CPU autocast defaults to bf16, which a bf16 run cannot tell from no dtype at all: fp16 can. (On CPU
+    dp is skipped at N > 1 and fp16 altogether; setup runs both, and setup is what this checks: B x N fed.)"""
+    import threading
+
+    import torch
+
+    import backends
+    from backends.dp import AutocastForward
+    from bench.core.config import RunConfig
+
+    dp = backends.create("dp")
+    dp.setup(RunConfig(backend="dp", launcher="inproc", world_size=2, device_type="cpu", model="resnet18", image_size=8,
+                       batch_size=3, warmup=2, steps=1, windows=1, precision="fp16").validate())
+    assert dp.feed_batch == 6 and dp.device_ids is None and dp.devices() == [torch.device("cpu")]
+    assert type(dp.model) is AutocastForward and dp.model.module is dp.module  # no DataParallel wrapper on CPU
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(y=dp.model(torch.randn(2, 3, 8, 8))))  # a replica's thread
+    thread.start()
+    thread.join()
+    with torch.autocast("cpu"):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16  # the default the wrapper must override
+    assert out["y"].dtype == torch.float16 and dp.describe()["autocast_dtype"] == "float16"
+
+
+def test_dataparallel_on_gpus_wraps_the_autocast_wrapper_over_every_device(monkeypatch):
+    """The CUDA half of setup, with the GPUs faked: DataParallel over devices 0..N-1, around the autocast wrapper."""
+    import torch
+
+    import backends
+    from backends import dp as dp_module
+    from backends.dp import AutocastForward
+    from bench.core.config import RunConfig
+
+    class FakeDataParallel(torch.nn.Module):
+        def __init__(self, module, device_ids=None):
+            super().__init__()
+            self.module, self.device_ids = module, device_ids
+
+    class Model(torch.nn.Linear):
+        def to(self, *args, **kwargs):
+            self.moved_to = args[0]
+            return super().to(*args, **kwargs)
+
+    model, asked = Model(2, 2), []
+    monkeypatch.setattr(torch.nn, "DataParallel", FakeDataParallel)
+    monkeypatch.setattr(dp_module, "device_for", lambda cfg, index: asked.append(index) or torch.device("cpu"))
+    monkeypatch.setattr(dp_module, "build_model", lambda cfg: model)
+    dp = backends.create("dp")
+    dp.setup(RunConfig(backend="dp", launcher="inproc", world_size=3, device_type="cuda", model="resnet18", image_size=8,
+                       batch_size=2, warmup=2, steps=1, windows=1, precision="bf16").validate())
+    assert asked == [0] and model.moved_to == torch.device("cpu") and dp.feed_batch == 6  # everything from GPU 0
+    assert type(dp.model) is FakeDataParallel and dp.model.device_ids == [0, 1, 2] == dp.device_ids
+    assert type(dp.model.module) is AutocastForward and dp.model.module.module is model is dp.module
+    assert (dp.model.module.device_type, dp.model.module.dtype) == ("cuda", torch.bfloat16)
+    assert dp.devices() == [torch.device("cuda", i) for i in range(3)]
+
+
+def test_the_autocast_wrapper_passes_every_argument_on():
+    import torch
+
+    from backends.dp import AutocastForward
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x, scale=1.0):
+            return torch.nn.functional.linear(x, torch.eye(2)) * scale
+
+    out = AutocastForward(Scaled(), "cpu", torch.bfloat16)(torch.ones(1, 2), scale=3.0)
+    assert out.dtype == torch.bfloat16 and out.tolist() == [[3.0, 3.0]]
+

@@ -76,20 +76,24 @@ def sources(tree, name, decode="cpu", world=1, batch=4):
 
 
 def read_epoch(source, n):
-    """(sample indices this rank read in epoch n, batches as read)."""
+    """(sample indices this rank read in epoch n, batches as read), through the loader's own epoch loop (``epoch(n)``:
+    the torchvision loader's set_epoch is what reshuffles, so the test must not call it itself)."""
     got, batches = [], []
-    if hasattr(source, "loader"):  # torchvision: DistributedSampler decides which samples a rank reads
-        source.loader.sampler.set_epoch(n)
-        return list(source.loader.sampler), None
+    if hasattr(source, "loader"):  # torchvision: the samples the dataset is asked for (recorded, not decoded)
+        dataset = source.loader.dataset
+        index = {path: i for i, (path, _) in enumerate(dataset.samples)}
+        dataset.load = lambda path: (got.append(index[path]), torch.zeros(3, 32, 32))[1]
     for batch in source.epoch(n):
-        got += source.last_indices
+        if not hasattr(source, "loader"):  # DALI says which samples made the batch
+            got += source.last_indices
         batches.append(batch)
     return got, batches
 
 
 @pytest.mark.parametrize("name", loaders.LOADERS)
 def test_each_rank_reads_a_disjoint_shard_and_the_shards_cover_the_set(tree, name):
-    ranks = sources(tree, name, world=2)
+    # torchvision: 18 samples a rank (35 padded to 36), read in full batches of 3 with nothing dropped
+    ranks = sources(tree, name, world=2, batch=3 if name == "torchvision" else 4)
     n = N_FILES if name == "torchvision" else N_FILES - 1  # DALI's list is pre-filtered (the corrupt file)
     orders = []
     for epoch in (0, 1):
@@ -99,6 +103,33 @@ def test_each_rank_reads_a_disjoint_shard_and_the_shards_cover_the_set(tree, nam
         assert len(shards[0] & shards[1]) == padding and shards[0] | shards[1] == set(range(n)), (epoch, shards)
         orders.append(shards[0])
     assert orders[0] != orders[1]  # reshuffled every epoch, the same way on every rank
+
+
+def test_the_torchvision_source_pins_memory_for_a_gpu_and_passes_rank_and_seed_on(tree, monkeypatch):
+    """Built, never iterated (no GPU needed): pinned host memory only for CPU decode into a GPU; ``--decode gpu`` reads
+    bytes and lets the GPU decode, counting what nvJPEG refused with what the workers skipped."""
+    from torch.utils.data import DistributedSampler
+
+    def source(device, decode=None, **kw):
+        args = (str(tree), 32, 3, 0, 1, 2, True, torch.device(device))
+        return loaders.tv.TorchvisionSource(*args, **kw) if decode is None else loaders.tv.TorchvisionSource(
+            *args, decode, **kw)
+
+    gpu_cpu_decode = source("cuda", seed=3)
+    assert gpu_cpu_decode.loader.pin_memory is True and gpu_cpu_decode.decode == "cpu"  # the default decode
+    s = gpu_cpu_decode.loader.sampler
+    assert type(s) is DistributedSampler and (s.rank, s.num_replicas, s.seed) == (1, 2, 3)
+    assert source("cpu").loader.pin_memory is False and source("cpu").loader.sampler.seed == 0
+    gpu_decode = source("cuda", "gpu")
+    assert gpu_decode.loader.pin_memory is False and gpu_decode.loader.collate_fn is loaders.tv.collate_encoded
+    assert isinstance(gpu_decode.loader.dataset.load, loaders.tv.ReadForGpu)
+    assert isinstance(source("cpu", "cpu").loader.dataset.load, loaders.tv.PilTransform)
+    assert gpu_decode.empty_classes == [EMPTY]
+    cpu_gpu = source("cpu", "gpu")
+    cpu_gpu.loader.dataset.load = lambda path: torch.zeros(3, dtype=torch.uint8)  # "encoded" bytes, never decoded
+    monkeypatch.setattr(loaders.tv, "decode_and_augment", lambda items, size, device: (torch.zeros(len(items), 3), 2))
+    batch = next(cpu_gpu.epoch(0))
+    assert batch[2] == 2  # nothing skipped by the workers, 2 refused by the decoder
 
 
 @pytest.mark.parametrize("name,decode", [("torchvision", "cpu"), ("torchvision", "gpu"), ("dali", "cpu")])
