@@ -592,6 +592,8 @@ def test_a_dataloader_source_reshuffles_by_epoch_and_sums_skips():
         assert [t for batch, _ in epochs[n] for t in batch] == order
         skips = ds.tensors[2][order].view(-1, 2).sum(1).tolist()
         assert [s for _, s in epochs[n]] == skips and all(type(s) is int for _, s in epochs[n])
+    assert source.info == {"shuffle": "DistributedSampler, reshuffled every epoch (set_epoch)", "pin_memory": False,
+                           "workers": 0}
     plain = data._DataLoaderSource(DataLoader(ds, batch_size=4, sampler=SequentialSampler(ds)))
     assert plain.info == {"shuffle": "SequentialSampler", "pin_memory": False, "workers": 0}
     assert [y.tolist() for _, y, _ in plain.epoch(5)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -910,11 +912,12 @@ def test_quantiles_interpolate_as_numpy_linear():
 
 def test_median_ci95_of_few_or_equal_values_and_its_fixed_seed():
     assert stats.median_ci95([4.0]) == (4.0, [4.0, 4.0]) and stats.median_ci95([2.0, 2.0, 2.0]) == (2.0, [2.0, 2.0])
-    x = [1.0, 2.0, 3.0, 10.0, 4.5, 7.25, 2.75, 5.5]
+    x = [8.56, 8.43, 6.9, 10.38, 13.73, 9.73, 10.31, 6.78]  # seed 1 would give another lower bound (6.9)
     med, (lo, hi) = stats.median_ci95(x)
     rng = np.random.default_rng(0)  # fixed: the same records give the same interval
     theta = np.sort(np.median(np.asarray(x)[rng.integers(0, 8, (stats.N_RESAMPLES, 8))], axis=-1))
-    assert med == 3.75 and (lo, hi) == (float(np.quantile(theta, 0.025)), float(np.quantile(theta, 0.975)))
+    assert med == float(np.median(x)) and (lo, hi) == (float(np.quantile(theta, 0.025)), float(np.quantile(theta, 0.975)))
+    assert lo == pytest.approx(7.665)
     assert stats.median_ci95(x) == (med, [lo, hi]) and lo < med < hi
     assert stats.median_ci95([3, 1, 2]) == stats.median_ci95([3.0, 1.0, 2.0])
 
@@ -932,8 +935,8 @@ def reference_hierarchical(runs, n_resamples, seed):
 
 
 def test_hierarchical_interval_resamples_runs_then_windows():
-    gen = np.random.default_rng(7)
-    runs = [gen.normal(10.0, 1.0, 3), gen.normal(20.0, 2.0, 2), gen.normal(15.0, 3.0, 4)]  # no ties anywhere
+    # no ties in the tails: the 2.5th and 97.5th percentiles differ from their neighbours
+    runs = [np.round(np.random.default_rng(405 + i).normal(10 + i, 1, 5), 3) for i in range(4)]
     for seed in (0, 3):
         assert stats.hierarchical_ci95(runs, n_resamples=64, seed=seed) == reference_hierarchical(runs, 64, seed)
     assert stats.hierarchical_ci95(runs, n_resamples=64) == reference_hierarchical(runs, 64, 0)
@@ -1110,10 +1113,50 @@ def test_one_sided_rows_say_why_and_keep_every_field():
     result, _ = judge((ok, [record([], world_size=4, status="failed", reason="first"),
                             record([], world_size=4, status="failed", reason="last")]), new)
     assert [r["notes"] for r in result["rows"] if r["status"] == "new"] == [["baseline run failed: last"]]
+    result, _ = judge((ok, [record([], world_size=4, status="failed")]), ok + new)
+    assert [r["notes"] for r in result["rows"] if r["status"] == "new"] == [["baseline run failed: no reason recorded"]]
     result, _ = judge(ok + missing, ok)
     assert [r["notes"] for r in result["rows"] if r["status"] == "missing"] == [["no ok run in current"]]
     result, _ = judge(ok, ok + new)
     assert [r["notes"] for r in result["rows"] if r["status"] == "new"] == [["not in the baseline"]]
+
+
+def test_one_window_is_a_valid_side_and_zero_device_memory_is_not_compared():
+    result, _ = judge(gate_records(2560.0, k=1, window_seconds=[0.5], mem_gib=0.0), gate_records(2560.0))
+    [row] = result["rows"]
+    assert row["ratio"] == 1.0 and row["baseline"]["windows"] == 1 and row["underpowered"] is True
+    assert (row["memory_ratio"], row["memory_kind"]) == (None, None)
+
+
+def test_diverged_replicas_say_so():
+    result, _ = judge(gate_records(2560.0), gate_records(2560.0, replicas_consistent=False))
+    [row] = result["rows"]
+    assert row["verdict"] == "replicas differ" and row["regression"] is True
+    assert row["notes"][-1] == "ranks ended with different parameters (replicas_consistent: false)"
+
+
+def test_disturbed_runs_make_the_speed_verdict_inconclusive_and_say_where_to_rerun():
+    def disturbed(reasons, **over):
+        recs = gate_records(2560.0, **over)
+        recs[0].update(disturbed=True, disturbed_reasons=reasons)
+        return recs
+
+    result, warned = judge(gate_records(2560.0), disturbed(["cpu", "gpu", "clocks"]))
+    [row] = result["rows"]
+    assert row["inconclusive"] is True and row["verdict"] == "inconclusive" and row["regression"] is False
+    assert row["notes"][-1] == ("inconclusive: 1 current run(s) disturbed (cpu; gpu); on these runs the verdict would "
+                                "be 'no significant change'; run the gate again on a quiet machine")
+    assert [w.split(":")[0] for w in row["warnings"]] == ["⚠ current ddp x2 fp32"]
+    assert result["inconclusive"] == [row["config"]] and result["warnings"] == row["warnings"]
+    assert warned == ["1 configuration(s) compared on disturbed runs: their throughput was NOT judged "
+                      "(inconclusive); run the gate again on a quiet machine"]
+    result, _ = judge(disturbed([]), disturbed(["cpu"]) + disturbed(["gpu"]))
+    [row] = result["rows"]
+    assert row["notes"][-1] == ("inconclusive: 1 baseline, 2 current run(s) disturbed (cpu; gpu); on these runs the "
+                                "verdict would be 'no significant change'; re-record the baseline on a quiet machine")
+    assert [w.split(":")[0] for w in row["warnings"]] == ["⚠ baseline ddp x2 fp32", "⚠ current ddp x2 fp32"]
+    result, _ = judge(disturbed([]), gate_records(2560.0))
+    assert "disturbed (no reason recorded);" in result["rows"][0]["notes"][-1]
 
 
 def test_a_failed_repeat_beside_a_slower_verdict_keeps_both():
@@ -1144,6 +1187,18 @@ def test_different_hardware_is_refused_by_default_and_matched_without_it_when_al
     assert row["status"] == "compared" and result["allow_different_hardware"] is True
     assert row["key"]["device_type"] == "cpu" and "hardware" in row["key"]  # the row still names its hardware
     assert warned and warned[0].startswith("comparing different hardware")
+
+
+def test_peak_memory_of_a_record():
+    """The largest over the run's devices (ranks for host RSS), skipping what was not measured."""
+    mem = [{"peak_reserved_bytes": 5}, {"peak_reserved_bytes": None}, {"peak_reserved_bytes": 7}, {}]
+    assert compare.peak_device_memory({"memory": mem}) == 7.0 and type(compare.peak_device_memory({"memory": mem})) is float
+    for rec in ({"memory": []}, {"memory": None}, {}, {"memory": [{"peak_reserved_bytes": None}]}):
+        assert compare.peak_device_memory(rec) is None, rec
+    assert compare.peak_host_rss({"host_peak_rss_bytes": [3, None, 9]}) == 9.0
+    for rec in ({"host_peak_rss_bytes": []}, {"host_peak_rss_bytes": None}, {}, {"host_peak_rss_bytes": [None]}):
+        assert compare.peak_host_rss(rec) is None, rec
+    assert compare._median([3.0, None, 1.0, 2.0]) == 2.0 and compare._median([None]) is None
 
 
 def test_threshold_and_alpha_ranges():
