@@ -68,6 +68,22 @@ def test_a_node_that_never_starts_fails_the_run_at_the_rendezvous_timeout(tmp_pa
     assert not _leftovers(tmp_path)
 
 
+def test_a_refused_run_lost_no_peer_even_when_its_store_went_away():
+    """The refused node's partner writes no record: node 0's agent, which hosts the store, may exit first, and the other
+    agent's RendezvousConnectionError then looked like a lost store (a flaky run of the test below, beside a busy
+    loop)."""
+    from bench.launch.diagnose import lost_peer
+
+    log = ("$ torchrun --nnodes=2 --rdzv-endpoint=127.0.0.1:29555 -m bench.rank --spec s.json\n"
+           "[rank1]: BENCH-REFUSED: rank 1 on b differs from rank 0 on a in config batch_size: 4 vs 2 on rank 0\n"
+           "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has "
+           "failed.\n")
+    assert lost_peer(log) is None
+    assert lost_peer(log.replace("BENCH-REFUSED:", "said:")) == {
+        "store": "127.0.0.1:29555",
+        "error": "torchrun's agent on this node lost its connection to the rendezvous store (RendezvousConnectionError)"}
+
+
 @pytest.mark.slow
 def test_a_node_with_another_config_is_refused_with_one_line(tmp_path):
     port = free_port()

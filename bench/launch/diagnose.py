@@ -52,7 +52,10 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
 
 
 def lost_peer(output: str) -> dict | None:
-    """What the first rank that found a lost node said about it (bench/rank/lifeline.py), or None."""
+    """What the first rank that found a lost node said about it (bench/rank/lifeline.py), or None. A refused run lost
+    no peer: every node ends on purpose, and the store that goes away with node 0's agent is no lost node."""
+    if _marked(output, REFUSED_MARKER) is not None:
+        return None
     text = _marked(output, PEER_LOST_MARKER)
     if text is None:
         if "RendezvousConnectionError" in output:  # torchrun's agent here lost the store before a rank could judge
