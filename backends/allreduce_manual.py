@@ -40,9 +40,10 @@ class AllReduceManual(DDP):
         loss = self.forward_loss()
         self.optimizer.zero_grad()
         self.backward(loss)
-        for p in self.module.parameters():  # one all-reduce per tensor, after the whole backward pass
-            if p.grad is not None and self.sync:
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                p.grad.div_(self.world_size)
+        with self.phase("all-reduce"):
+            for p in self.module.parameters():  # one all-reduce per tensor, after the whole backward pass
+                if p.grad is not None and self.sync:
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                    p.grad.div_(self.world_size)
         self.optimizer_step()
         return loss.detach()

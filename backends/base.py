@@ -5,6 +5,8 @@ A backend only sets up, steps and tears down. It never times, prints or writes: 
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +18,10 @@ AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SGD = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 # Knobs every backend honours unless it says otherwise (``knobs``); the others are the backends' own.
 COMMON_KNOBS = frozenset({"channels_last", "compile"})
+# The phases of a step a trace shows (bench run --trace; bench.core.traces.PHASES: data wait, forward with the loss,
+# backward, a backend's own explicit collectives, optimizer step). Outside a trace a phase is a shared do-nothing
+# context: no profiler runs.
+_NO_PHASE = contextlib.nullcontext()
 # The knobs that compress the gradient reduction (DDP's comm hook, Horovod's compression) and their dtypes.
 COMPRESSION_KNOBS = ("ddp_comm_hook", "compression")
 HALF_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -95,6 +101,14 @@ class Backend:
     def barrier(self) -> None:
         pass
 
+    # Set by the harness while it traces (bench/rank/trace.py): a name -> context manager that marks a phase range.
+    phase_marker = None
+
+    def phase(self, name: str):
+        """Marks one phase of a step (``bench.core.traces.PHASES``) for the trace; a do-nothing context when no trace
+        runs."""
+        return _NO_PHASE if self.phase_marker is None else self.phase_marker(name)
+
     def teardown(self) -> None:
         pass
 
@@ -172,8 +186,10 @@ class Backend:
         self.batches = None
 
     def forward_loss(self) -> torch.Tensor:
-        inputs, targets = next(self.batches)
-        with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+        with self.phase("data"):
+            inputs, targets = next(self.batches)
+        with self.phase("forward"), torch.autocast(self.device_type, dtype=self.autocast_dtype,
+                                                   enabled=self.autocast_dtype is not None):
             out = self.model(inputs)
             return F.cross_entropy(out, targets)
 
@@ -188,15 +204,17 @@ class Backend:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward, through GradScaler's scaling when one runs (fp16)."""
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        with self.phase("backward"):
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def optimizer_step(self) -> None:
         """The optimizer step, through GradScaler (which skips it on an overflow) when one runs."""
-        if self.scaler is None:
-            self.optimizer.step()
-        else:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        with self.phase("optimizer"):
+            if self.scaler is None:
+                self.optimizer.step()
+            else:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -129,13 +129,17 @@ class DeepSpeedZero(DDP):
         return cast
 
     def forward_loss(self):
-        inputs, targets = next(self.batches)
-        return F.cross_entropy(self.engine(inputs.to(self.input_dtype)).float(), targets)
+        with self.phase("data"):
+            inputs, targets = next(self.batches)
+        with self.phase("forward"):
+            return F.cross_entropy(self.engine(inputs.to(self.input_dtype)).float(), targets)
 
     def step(self):
         loss = self.forward_loss()
-        self.engine.backward(loss)
-        self.engine.step()  # optimizer step and zero_grad
+        with self.phase("backward"):
+            self.engine.backward(loss)
+        with self.phase("optimizer"):
+            self.engine.step()  # optimizer step and zero_grad
         return loss.detach()
 
     def loss_scale(self):

@@ -117,12 +117,14 @@ class Horovod(Backend):
             return super().step()  # optimizer.step() waits for the allreduces started during backward
         loss = self.forward_loss()
         self.optimizer.zero_grad()  # set_to_none by default (torch >= 2.0)
-        self.scaler.scale(loss).backward()
+        self.backward(loss)  # through the scaler
         if not self.local_only:
-            self.optimizer.synchronize()  # finish the allreduces of the scaled gradients...
-        with self.optimizer.skip_synchronize():  # ...so that scaler.step's optimizer.step() does not redo them
-            self.scaler.step(self.optimizer)
-        self.scaler.update()
+            with self.phase("all-reduce"):
+                self.optimizer.synchronize()  # finish the allreduces of the scaled gradients...
+        with self.phase("optimizer"):
+            with self.optimizer.skip_synchronize():  # ...so that scaler.step's optimizer.step() does not redo them
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
         return loss.detach()
 
     no_compute_only = None
@@ -139,6 +141,9 @@ class Horovod(Backend):
             with opt.skip_synchronize():
                 yield
             self.local_only = False
+            # the last local backward's empty handles: Horovod 0.28's zero_grad refuses to run over pending handles, so
+            # a step after this context (bench run --trace's) would fail as step() does in it without this clear
+            opt._handles.clear()
             opt.set_backward_passes_per_step(1)
 
         return local()

@@ -57,9 +57,15 @@ def test_horovod_two_gloo_ranks_fp16_compression_bf16_fusion_and_cycle_time_reac
     recorded, and every horovod knob read back from Horovod's own settings in the ranks."""
     _horovod_or_skip()
     proc = bench_inproc("run", "--backends", "horovod", "--gpus", 2, *TINY, "--precision", "bf16",
-                        "--hvd-compression", "fp16", "--hvd-fusion-mb", 1, "--hvd-cycle-ms", 2.5, "--results", results_dir)
+                        "--hvd-compression", "fp16", "--hvd-fusion-mb", 1, "--hvd-cycle-ms", 2.5, "--trace", 1,
+                        "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
+    # --trace under horovodrun: one trace per rank, its phases marked, no profiler in a timed window
+    assert rec["profiler_in_windows"] is False and rec["trace"]["files"] == [
+        str(results_dir / "logs" / f"{rec['run_id']}.rank{r}.trace.json.gz") for r in (0, 1)]
+    assert [set(p) for p in rec["trace"]["phase_ms_per_step"]] == [{"data", "forward", "backward", "optimizer",
+                                                                     "other"}] * 2
     assert rec["status"] == "ok", rec["reason"]
     assert (rec["backend"], rec["launcher"], rec["world_size"]) == ("horovod", "horovodrun", 2)
     assert rec["replicas_consistent"] is True

@@ -1,6 +1,7 @@
 """The backends people choose between today, and the knobs that decide DDP's speed: run for real with 2 gloo
 ranks under torchrun, asserting what each backend was actually built with, not only that it ran."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,9 @@ def new_backends(tmp_path_factory):
     raw = tmp_path_factory.mktemp("new") / "raw"
     # --eval: FSDP2 all-gathers parameters in every forward, so 37 samples over 2 ranks (10 batches on one rank, 9 on
     # the other) hang until --timeout unless the padded batch runs masked; every new backend evaluates the same way
+    # --trace 1: every new backend marks its phases for the profiler (tests/test_trace.py has the rest of --trace)
     proc = bench_inproc("run", "--backends", ",".join(NEW), "--gpus", 2, *TINY, "--eval", "--eval-samples", 37,
-                        "--timeout", 240, "--results", raw)
+                        "--trace", 1, "--timeout", 240, "--results", raw)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {r["backend"]: r for r in records(raw)}
 
@@ -45,6 +47,12 @@ def test_new_backends_train_with_identical_full_replicas(new_backends):
         assert new_backends[name]["compute_only"]["measured"] is True, name
         assert len(new_backends[name]["compute_only_window_seconds"]) == TINY_WINDOWS
     assert new_backends["fsdp2"]["compute_only"]["keeps"].startswith("the per-block parameter all-gathers")
+    for name, rec in new_backends.items():  # --trace: a trace file per rank, and the phases each backend marks
+        assert rec["profiler_in_windows"] is False and rec["trace"]["steps"] == 1, name
+        assert [Path(f).is_file() for f in rec["trace"]["files"]] == [True, True], name
+        own = {"all-reduce"} if name == "allreduce_manual" else set()
+        assert [set(p) for p in rec["trace"]["phase_ms_per_step"]] == \
+            [{"data", "forward", "backward", "optimizer", "other"} | own] * 2, name
     assert new_backends["ddp_zero"]["compute_only"]["keeps"].startswith("ZeroRedundancyOptimizer's broadcast")
 
 

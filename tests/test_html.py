@@ -11,6 +11,7 @@ import pytest
 from bench.commands import report
 from tests import chromium
 from tests.test_report import HVD, GiB, make, run_report, write
+from tests.test_trace import traced
 
 DP_MEM = [20 * GiB, 12 * GiB, 12 * GiB, 12 * GiB]
 
@@ -25,6 +26,7 @@ def sweep(tmp_path):
         if r["backend"] == "ddp":
             r["compute_only_window_seconds"] = [s / 1.1 for s in r["window_seconds"]]
     recs[0]["note"] = "<script>alert('not run')</script> & friends"  # text from a record is escaped, never markup
+    recs[5]["trace"] = traced()  # bench run --trace: the report draws its step as a timeline
     recs.append(make("fsdp2", 4, status="skipped", reason="needs <CUDA>"))
     raw = write(tmp_path, *recs)
     (raw / "logs").mkdir()
@@ -118,6 +120,7 @@ def test_report_html_in_headless_chromium(tmp_path, browser):
     assert "No winner established: the 95% intervals of horovod, ddp overlap" in dom["verdict"]
     svgs = len(list((out / "plots").glob("*.svg")))
     assert len(dom["plots"]) == svgs and all(complete and width > 300 for _, complete, width in dom["plots"])
+    assert [alt for alt, _, _ in dom["plots"]].count("timeline") == 1
     tables = len(re.findall(r"^\|---", (out / "REPORT.md").read_text(), re.M)) + 1  # and the runs' table
     assert dom["tables"] == tables >= 5 and dom["height"] > 3000
     assert colours(got["screenshot"]) > 50  # text, tables, the verdict's colours: not a blank page

@@ -4,6 +4,7 @@ the data shards, the timed loop's arithmetic, the record, the statistics and the
 
 Nothing here starts a process group, launches a run or trains more than a few steps of a tiny model: collectives are
 replaced by fakes that behave as the other rank would, so the arithmetic around them is checked exactly."""
+import contextlib
 import copy
 import hashlib
 import json
@@ -143,6 +144,20 @@ def test_allreduce_manual_averages_every_gradient_over_the_ranks(monkeypatch):
     b.batches = iter(tiny_batches(1))
     b.step()
     assert fake.reduced == 3 * n  # synchronised again after the context
+
+    marks = []  # bench run --trace: the phases of a step, with the all-reduces inside their own
+
+    @contextlib.contextmanager
+    def marker(name):
+        marks.append((name, fake.reduced))
+        yield
+        marks.append(("/" + name, fake.reduced))
+
+    b.phase_marker, b.batches = marker, iter(tiny_batches(1))
+    b.step()
+    assert [m for m, _ in marks] == ["data", "/data", "forward", "/forward", "backward", "/backward", "all-reduce",
+                                     "/all-reduce", "optimizer", "/optimizer"]
+    assert (dict(marks)["all-reduce"], dict(marks)["/all-reduce"]) == (3 * n, 4 * n)
 
 
 class FakeDDP(torch.nn.Module):
@@ -726,6 +741,11 @@ def test_windows_time_only_the_steps_and_read_everything_else_outside(monkeypatc
         0.0, 0.0]
     train.windows(b, types.SimpleNamespace(windows=1, steps=1), sync, meter, waited=False, phase="compute-only window")
     assert phases[-1] == "compute-only window 1 of 1"
+    # whether a profiler ran, read at every window's start and end: any one edge is enough
+    assert out["profiler"] is False
+    edges = iter([False, True, False, False])  # window 1's end only
+    monkeypatch.setattr(train, "profiler_active", lambda: next(edges))
+    assert train.windows(b, types.SimpleNamespace(windows=2, steps=1), sync, meter, waited=False)["profiler"] is True
 
 
 def test_skips_from_the_scale_or_the_backends_own_count():
@@ -834,6 +854,25 @@ def test_the_record_says_none_where_nothing_was_measured():
     assert (rec["joules_per_image"], rec["mean_watts"]) == (None, None)
     assert (rec["peak_tflops_per_device"], rec["peak_tflops_source"]) == (50.0, "--peak-tflops")
     assert rec["mfu"] == 1e9 * 10.0 / (50.0 * 1e12 * 1)
+    assert rec["trace"] is None and rec["profiler_in_windows"] is False
+
+
+def test_the_record_gathers_every_rank_s_trace_and_a_profiler_seen_in_any_window():
+    def traced(rank, size, profiled, exported, forward, step_ms, reason=None):
+        return {"file": None if reason else f"/l/r.rank{rank}.trace.json.gz", "bytes": size, "steps": 2,
+                "profiled_seconds": profiled, "export_seconds": exported, "reason": reason,
+                "phase_times": {"steps": 2, "step_ms": step_ms, "timeline": {"start_us": rank},
+                                "phase_ms": {"forward": forward, "other": [a - b for a, b in zip(step_ms, forward)]}}}
+
+    rec = build([rank_measures(0, trace=traced(0, 10, 1.0, 0.5, [1.0, 3.0], [1.5, 3.5]), profiler_in_windows=False),
+                 rank_measures(1, trace=traced(1, 20, 0.5, 0.75, [2.0, 1.0], [2.0, 1.0], reason="over the cap"),
+                               profiler_in_windows=True)])
+    assert rec["profiler_in_windows"] is True  # one rank is enough
+    assert rec["trace"] == {
+        "files": ["/l/r.rank0.trace.json.gz", None], "bytes": [10, 20], "profiled_seconds": 1.0,
+        "export_seconds": 0.75, "reasons": ["over the cap"], "steps": 2, "step_ms": [[1.5, 3.5], [2.0, 1.0]],
+        "phase_ms_per_step": [{"forward": 2.0, "other": 0.5}, {"forward": 1.5, "other": 0.0}],
+        "slowest_rank_per_step": [1, 0], "timeline": [{"start_us": 0}, {"start_us": 1}]}
 
 
 def test_the_record_flags_diverged_replicas_and_instant_evaluation():

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from bench.core import traces
 
 
 def one_line(rec: dict) -> str:
@@ -18,8 +21,20 @@ def one_line(rec: dict) -> str:
                 f"{rec['per_device_throughput']:.1f} img/s per device")
         if rec.get("disturbed"):
             line += f"; ⚠ disturbed: {'; '.join(rec.get('disturbed_reasons') or [])}"
-        return line
+        return line + trace_line(rec.get("trace"))
     return f"{rec['status']}: {rec['reason']}"
+
+
+def trace_line(trace: dict | None) -> str:
+    """--trace: rank 0's phases in ms per step, and where the trace files are."""
+    if not trace:
+        return ""
+    rank0 = (trace["phase_ms_per_step"] or [{}])[0]
+    phases = ", ".join(f"{p} {rank0[p]:.1f}" for p in (*traces.PHASES, "other") if p in rank0)
+    kept = [f for f in trace["files"] if f]
+    where = f"{len(kept)} trace file(s) in {Path(kept[0]).parent}" if kept else "no trace file kept"
+    return (f"\n    trace, rank 0, ms per step over {trace['steps']} step(s): {phases}; {where}"
+            + "".join(f"; {r}" for r in trace["reasons"]))
 
 
 def print_table(records: list[dict], console: Console | None = None) -> None:

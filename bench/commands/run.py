@@ -11,6 +11,7 @@ from pathlib import Path
 import backends
 from bench.commands import _nodes
 from bench.commands._plan import add_run_arguments, check_writable, horovod_info, interleave, loader_unavailable, plan
+from bench.core import traces
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError, warn
 from bench.core.trust import OTHERS_CPU_SHARE
@@ -25,6 +26,10 @@ def register(sub) -> None:
                    help="before each run, wait up to SECONDS (default {:g}) for a quiet machine: other processes "
                         "using less than {:g}%% of the CPUs, none on the run's GPUs (off by default)".format(
                             WAIT_QUIET_S, 100 * OTHERS_CPU_SHARE))
+    r.add_argument("--trace", nargs="?", type=int, const=traces.DEFAULT_STEPS, default=None, metavar="STEPS",
+                   help=f"after each run's measurements, profile STEPS more steps (default {traces.DEFAULT_STEPS}, at "
+                        f"most {traces.MAX_STEPS}) on every rank with torch.profiler: one Chrome trace per rank next to "
+                        "the run's log, its phases per step in the record (never inside a timed window)")
     r.set_defaults(func=cmd_run)
 
 
@@ -39,6 +44,13 @@ def cmd_run(args) -> int:
     if wait_quiet is not None and not wait_quiet > 0:
         raise UsageError(f"--wait-quiet {wait_quiet:g}: expected a positive number of seconds (the longest wait "
                          "before each run)")
+    trace = getattr(args, "trace", None)
+    if trace is not None and not 1 <= trace <= traces.MAX_STEPS:
+        raise UsageError(f"--trace {trace}: expected a number of steps from 1 to {traces.MAX_STEPS} (a trace is for "
+                         "reading a step, not for statistics)")
+    if trace and args.find_max_batch:
+        raise UsageError("--trace profiles timed runs; --find-max-batch runs none (trace the batch it finds with "
+                         "bench run --batch-size B --trace)")
     configs, notes = plan(args)
     if not configs:
         raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
@@ -77,7 +89,8 @@ def cmd_run(args) -> int:
                 with machine.Watch(cfg.device_type, gpus) as watch:
                     rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
                                          rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "",
-                                         unavailable=loader_unavailable(cfg))
+                                         unavailable=loader_unavailable(cfg),
+                                         extra_spec={"trace_steps": trace} if trace else None)
                 rec = machine.attach(rec, watch, results_dir, waited)
                 records.append(rec)
                 bar.finish(summary.one_line(rec))
@@ -150,7 +163,8 @@ def run_external(args, configs) -> int:
     spec = {"config": cfg.to_dict(), "run_id": results.new_run_id(cfg.backend, cfg.world_size),
             "results_dir": args.results, "env": results.collect_env(), "threads_per_rank": max(1, usable_cpus()
                                                                                                 // local),
-            "launched_by": "external", "master_port": int(os.environ["MASTER_PORT"])}
+            "launched_by": "external", "master_port": int(os.environ["MASTER_PORT"]),
+            "trace_steps": getattr(args, "trace", None)}
     print(f"bench run --external: rank {rank} of {cfg.world_size} on {socket.gethostname()}, {cfg.backend}",
           file=sys.stderr, flush=True)
     guarded(spec)

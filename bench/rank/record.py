@@ -7,7 +7,7 @@ import hashlib
 
 import torch
 
-from bench.core import results, stats
+from bench.core import results, stats, traces
 from bench.core.config import RunConfig
 from bench.rank import energy, flops
 
@@ -50,6 +50,8 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps:
         **compute_only_fields(per_rank),
         **energy_fields(per_rank, times, global_batch * cfg.steps, global_batch * cfg.steps * len(times)),
         **flops_fields(cfg, memory, thr),
+        trace=trace_fields(per_rank),
+        profiler_in_windows=any(r.get("profiler_in_windows") for r in per_rank),
         loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
         threads_per_rank=spec["threads_per_rank"],
         finished_at=results.utc_now(),
@@ -98,6 +100,18 @@ def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:
     peak, source = flops.peak_tflops(device, cfg.precision, cfg.peak_tflops)
     return {"flops_per_sample": per_sample, "peak_tflops_per_device": peak, "peak_tflops_source": source,
             "mfu": flops.mfu(per_sample, throughput, peak, cfg.world_size)}
+
+
+def trace_fields(per_rank: list[dict]) -> dict | None:
+    """--trace: every rank's trace file and size, and the phases per step read from them (bench/core/traces.py)."""
+    got = [r.get("trace") for r in per_rank]
+    if got[0] is None:
+        return None
+    return {"files": [t["file"] for t in got], "bytes": [t["bytes"] for t in got],
+            "profiled_seconds": max(t["profiled_seconds"] for t in got),
+            "export_seconds": max(t["export_seconds"] for t in got),
+            "reasons": [t["reason"] for t in got if t["reason"]],
+            **traces.summarise([t["phase_times"] for t in got])}
 
 
 def eval_fields(per_rank: list[dict]) -> dict:

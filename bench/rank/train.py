@@ -24,6 +24,7 @@ from bench.rank.evaluate import evaluate
 from bench.rank.faults import Fault
 from bench.rank.memory import host_peak_rss, limit_memory, memory_stats, reset_peaks
 from bench.rank.record import build_record, param_checksum
+from bench.rank.trace import capture, profiler_active, trace_path
 
 
 def run(spec: dict) -> None:
@@ -86,6 +87,11 @@ def run(spec: dict) -> None:
     if no_compute_only is None:
         with backend.skip_gradient_sync():
             compute_only = windows(backend, cfg, sync, meter, waited, "compute-only window")
+    # --trace: a few profiled steps after everything reported was measured (bench/rank/trace.py)
+    trace = None
+    if spec.get("trace_steps"):
+        lifeline.set_phase("trace")
+        trace = capture(backend, spec["trace_steps"], sync, trace_path(spec, backend.rank))
     mine = {
         "rank": backend.rank,
         "window_seconds": timed["seconds"],
@@ -111,6 +117,8 @@ def run(spec: dict) -> None:
         "backend_info": backend.describe(),
         "loader_workers": getattr(backend, "loader_workers", None),
         "warmup_step_seconds": warmup_seconds,
+        "trace": trace,
+        "profiler_in_windows": timed["profiler"] or bool(compute_only and compute_only["profiler"]),
     }
     lifeline.set_phase("gathering the record")
     gathered = backend.all_gather(mine)
@@ -129,12 +137,13 @@ SETTLE_STEPS = 1  # untimed steps between the peak reset and the first window
 def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "window") -> dict:
     """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
     t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region."""
-    out = {"seconds": [], "data_wait": [], "skipped": [], "energy": []}
+    out = {"seconds": [], "data_wait": [], "skipped": [], "energy": [], "profiler": False}
     for i in range(cfg.windows):
         lifeline.set_phase(f"{phase} {i + 1} of {cfg.windows}")  # several nodes: where a lost node was
         backend.barrier()  # start every window together; the barrier itself is not timed
         sync()
         scale, count, joules = backend.loss_scale(), backend.skipped_steps(), meter.read()
+        out["profiler"] |= profiler_active()  # never: --trace profiles after every window (asserted in tests)
         if i == 0:  # energy over the whole span: NVML's counter is too coarse for one window (bench/rank/energy.py)
             first_joules, e0, wall0 = joules, time.perf_counter(), time.time()
         w0 = backend.batches.wait_seconds if waited else 0.0
@@ -145,6 +154,7 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "wi
         out["data_wait"].append(backend.batches.wait_seconds - w0 if waited else 0.0)
         out["skipped"].append(skips(scale, backend.loss_scale(), count, backend.skipped_steps()))
         last_joules = meter.read()
+        out["profiler"] |= profiler_active()
         out["energy"].append(window_energy(joules, last_joules))
     out["energy_span"] = (window_energy(first_joules, last_joules), time.perf_counter() - e0)
     out["wall_span"] = [wall0, time.time()]  # epoch seconds: the harness's machine watch reads this span

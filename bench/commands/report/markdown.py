@@ -29,6 +29,7 @@ from bench.commands.report.headroom import section as headroom_section
 from bench.commands.report.inputbound import section as input_bound_section
 from bench.commands.report.plots import plot_workload
 from bench.commands.report.settings import section as settings_section
+from bench.commands.report.timeline import section as timeline_section
 from bench.commands.report.summary import device_memory
 from bench.commands.report.verdict import duration, epoch_seconds
 from bench.core.trust import SAME_COMPUTATION
@@ -89,7 +90,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
         md += ["### Skipped and failed runs", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
-    md += settings_section(rows)
+    md += settings_section(rows) + timeline_section(rows, out)
     md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) + equivalence_section(src, warn) \
         + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)
     if skipped:

@@ -1,0 +1,252 @@
+"""bench run --trace: a few profiled steps after every measurement, one Chrome trace per rank, the phases of a step
+read off it (bench/core/traces.py). The new backends' traces (fsdp2, DeepSpeed, ddp_zero, allreduce_manual at 2
+ranks) ride on tests/test_backends.py's run; here: ddp with and without --trace, and everything that runs nothing."""
+import contextlib
+import gzip
+import json
+import re
+
+import pytest
+
+import backends
+from bench.commands import _summary
+from bench.core import results, traces
+from tests.conftest import TINY, bench_inproc, cli_error, records
+
+
+def event(name, ts, dur, cat="user_annotation"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+
+TRACE = {"traceEvents": [
+    event("bench step", 0, 10_000), event("bench step", 20_000, 12_000),
+    event("data", 100, 400), event("forward", 500, 3_000), event("backward", 3_500, 5_000),
+    event("optimizer", 8_500, 1_000),
+    event("data", 20_100, 900), event("forward", 21_000, 2_000), event("backward", 23_000, 6_000),
+    event("optimizer", 29_000, 2_500),
+    event("backward", 9_900, 10_100),  # straddles the gap, ends as step 2 starts: its 100 us inside step 1 count
+    event("forward", 500, 3_000, cat="gpu_user_annotation"),  # the GPU's copy of a host range: not counted twice
+    event("aten::conv2d", 600, 200, cat="cpu_op"),
+    event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 23_500, 2_000, cat="kernel"),  # on the GPU, in step 2
+    event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5_000, 1_000, cat="kernel"),  # step 1: not the one drawn
+    event("void at::native::vectorized_elementwise_kernel", 24_000, 100, cat="kernel"),  # compute, not communication
+    {"ph": "i", "name": "forward", "ts": 1, "s": "t"},  # an instant event, not a range
+]}
+
+
+def test_phases_per_step_are_the_sums_of_their_ranges_inside_each_step():
+    got = traces.phase_times(TRACE)
+    assert got["steps"] == 2 and got["step_ms"] == [10.0, 12.0]
+    assert got["phase_ms"] == {"data": [0.4, 0.9], "forward": [3.0, 2.0], "backward": [5.1, 6.0],
+                               "optimizer": [1.0, 2.5], "other": pytest.approx([0.5, 0.6])}
+    assert "all-reduce" not in got["phase_ms"]  # no range of it anywhere
+    # the last step, for the report's figure: ranges from the step's start, and the NCCL kernels on their stream
+    assert got["timeline"] == {"start_us": 20_000, "ms": 12.0, "comm": [[3.5, 2.0]], "ranges": [
+        ["data", 0.1, 0.9], ["forward", 1.0, 2.0], ["backward", 3.0, 6.0], ["optimizer", 9.0, 2.5]]}
+    assert traces.phase_times({"traceEvents": []}) == {"steps": 0, "step_ms": [], "phase_ms": {"other": []},
+                                                       "timeline": None}
+
+
+def test_ranks_are_summarised_per_step_and_the_slowest_is_named():
+    rank0 = traces.phase_times(TRACE)
+    rank1 = {"steps": 3, "step_ms": [9.0, 15.0, 1.0], "phase_ms": {"forward": [1.0, 2.0, 3.0], "other": [8.0, 13.0, 0]}}
+    got = traces.summarise([rank0, rank1])
+    assert got["steps"] == 2  # the steps every rank traced
+    assert got["step_ms"] == [[10.0, 12.0], [9.0, 15.0]] and got["slowest_rank_per_step"] == [0, 1]
+    assert got["phase_ms_per_step"][1] == {"forward": 1.5, "other": 10.5}
+    assert got["phase_ms_per_step"][0]["backward"] == pytest.approx(5.55)
+
+
+def test_traces_load_plain_or_gzip(tmp_path):
+    (tmp_path / "t.json").write_text(json.dumps(TRACE))
+    with gzip.open(tmp_path / "t.json.gz", "wt") as f:
+        json.dump(TRACE, f)
+    assert traces.load(tmp_path / "t.json") == traces.load(tmp_path / "t.json.gz") == TRACE
+
+
+def test_a_phase_is_a_shared_no_op_without_a_trace_and_the_marker_while_tracing():
+    backend = backends.create("single")
+    assert backend.phase("forward") is backend.phase("backward")  # one do-nothing context, nothing allocated
+    seen = []
+    backend.phase_marker = lambda name: seen.append(name) or contextlib.nullcontext()
+    with backend.phase("forward"):
+        pass
+    assert seen == ["forward"] and traces.PHASES == ("data", "forward", "backward", "all-reduce", "optimizer")
+
+
+def test_profiler_active_is_the_profiler_s_own_state():
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.rank.trace import profiler_active
+
+    assert profiler_active() is False
+    with profile(activities=[ProfilerActivity.CPU]):
+        assert profiler_active() is True
+    assert profiler_active() is False
+
+
+def test_the_console_line_gives_rank_0_s_phases_in_step_order_and_where_the_files_are():
+    trace = {"steps": 2, "files": ["/r/logs/x.rank0.trace.json.gz", None], "reasons": ["rank 1's trace was over the cap"],
+             "phase_ms_per_step": [{"other": 0.5, "backward": 5.0, "data": 0.25, "forward": 3.0, "optimizer": 1.0}]}
+    assert _summary.trace_line(trace) == (
+        "\n    trace, rank 0, ms per step over 2 step(s): data 0.2, forward 3.0, backward 5.0, optimizer 1.0, "
+        "other 0.5; 1 trace file(s) in /r/logs; rank 1's trace was over the cap")
+    assert _summary.trace_line(None) == ""
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--trace", "0"], "bench: error: --trace 0: expected a number of steps from 1 to 20 (a trace is for reading a "
+                       "step, not for statistics)"),
+    (["--trace", "21"], "bench: error: --trace 21: expected a number of steps from 1 to 20"),
+    (["--trace", "many"], "bench: error: argument --trace: invalid int value: 'many'"),
+    (["--trace", "--find-max-batch"], "bench: error: --trace profiles timed runs; --find-max-batch runs none"),
+])
+def test_bad_trace_input_is_one_line(results_dir, args, message, capsys):
+    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", 1, *TINY, *args, "--results", results_dir)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(message), err
+    assert not results_dir.exists() or records(results_dir) == []
+
+
+@pytest.fixture(scope="module")
+def ddp_with_and_without(tmp_path_factory):
+    out = {}
+    for name, extra in (("traced", ["--trace", 2]), ("plain", [])):
+        raw = tmp_path_factory.mktemp(name) / "raw"
+        proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, *extra, "--results", raw)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        [out[name]] = records(raw)
+        out[name + "_stdout"] = proc.stdout
+    return out
+
+
+@pytest.mark.slow
+def test_a_traced_ddp_run_writes_one_chrome_trace_per_rank_with_every_phase(ddp_with_and_without):
+    rec = ddp_with_and_without["traced"]
+    trace = rec["trace"]
+    assert trace["steps"] == 2 and len(trace["files"]) == 2 and trace["reasons"] == []
+    for rank, path in enumerate(trace["files"]):
+        assert path.endswith(f"/logs/{rec['run_id']}.rank{rank}.trace.json.gz")
+        data = traces.load(path)  # gzip, Chrome trace JSON
+        assert trace["bytes"][rank] == len(open(path, "rb").read()) < 5 * 2 ** 20
+        names = {e["name"] for e in data["traceEvents"] if e.get("cat") == "user_annotation"}
+        assert {"bench step", "data", "forward", "backward", "optimizer"} <= names, names
+        assert traces.summarise([traces.phase_times(data)])["phase_ms_per_step"][0] == \
+            pytest.approx(trace["phase_ms_per_step"][rank])
+    for phases in trace["phase_ms_per_step"]:
+        assert set(phases) == {"data", "forward", "backward", "optimizer", "other"}
+        assert phases["backward"] > 0 and phases["forward"] > 0 and phases["other"] >= 0
+    assert len(trace["step_ms"]) == 2 and all(len(s) == 2 for s in trace["step_ms"])
+    assert trace["slowest_rank_per_step"] in ([0, 0], [0, 1], [1, 0], [1, 1])
+    assert trace["profiled_seconds"] > 0 and trace["export_seconds"] > 0
+    assert "trace, rank 0, ms per step over 2 step(s): data " in ddp_with_and_without["traced_stdout"]
+
+
+@pytest.mark.slow
+def test_tracing_changes_no_measured_field_and_no_profiler_runs_in_a_window(ddp_with_and_without):
+    traced, plain = ddp_with_and_without["traced"], ddp_with_and_without["plain"]
+    assert set(traced) == set(plain) and plain["trace"] is None
+    for rec in (traced, plain):
+        # read from the profiler's own state before and after every timed and compute-only window, on every rank
+        assert rec["profiler_in_windows"] is False
+        assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["compute_only"]["measured"]
+        assert len(rec["window_seconds"]) == len(rec["compute_only_window_seconds"])
+    assert results.config_key(traced) == results.config_key(plain)  # the report and the gate group them together
+
+
+def traced(start1=1500.0):
+    """A --trace part of a 2-rank record: rank 1 starts 0.5 ms after rank 0; the GPU lanes carry NCCL kernels."""
+    steps = {"data": 0.1, "forward": 10.0, "backward": 20.0, "optimizer": 3.0, "other": 0.5}
+    line = lambda start: {"start_us": start, "ms": 33.6, "comm": [[12.0, 4.0], [25.0, 6.0]], "ranges": [  # noqa: E731
+        ["data", 0.0, 0.1], ["forward", 0.1, 10.0], ["backward", 10.1, 20.0], ["optimizer", 30.1, 3.0]]}
+    return {"files": ["/r/logs/x.rank0.trace.json.gz", None], "bytes": [1000, 70 * 2 ** 20], "steps": 2,
+            "profiled_seconds": 0.3, "export_seconds": 0.1, "reasons": ["rank 1: trace of 73400320 bytes ..."],
+            "phase_ms_per_step": [steps, {**steps, "backward": 22.0}], "step_ms": [[33.6, 33.7], [33.5, 36.0]],
+            "slowest_rank_per_step": [0, 1], "timeline": [line(1000.0), line(start1)]}
+
+
+def test_the_report_gives_each_traced_configuration_its_phase_table_timeline_and_files(tmp_path):
+    from tests.test_report import make, run_report, write
+
+    plain = make("ddp", 2, 100.0, stamp="20260101T000000Z")
+    older = make("ddp", 2, 100.0, stamp="20260101T000001Z", trace={**traced(), "files": ["/old.gz", None]})
+    newer = make("ddp", 2, 100.0, stamp="20260101T000002Z", trace=traced())
+    out = tmp_path / "rep"
+    code, _ = run_report(write(tmp_path, plain, older, newer, make("single", 1, 60.0)), out)
+    md = (out / "REPORT.md").read_text()
+    assert code == 0 and md.count("## Where a step's time goes (traces)") == 1
+    section = md.split("## Where a step's time goes (traces)")[1]
+    assert "### ddp × 2, resnet50 224px b64 fp32 (cuda)\n\n2 traced step(s); slowest rank per step: 0, 1.\n\n" \
+           "| rank | data | forward | backward | optimizer | other | step |\n" \
+           "|---|---:|---:|---:|---:|---:|---:|\n| 0 | 0.1 | 10.0 | 20.0 | 3.0 | 0.5 | 33.7 |\n" \
+           "| 1 | 0.1 | 10.0 | 22.0 | 3.0 | 0.5 | 34.8 |" in section  # the newest traced run of the configuration
+    assert "Trace files: `/r/logs/x.rank0.trace.json.gz`; rank 1: trace of 73400320 bytes ..." in section
+    assert "/old.gz" not in section and "### single" not in section  # untraced configurations have no entry
+    [png] = re.findall(r"!\[timeline\]\(plots/(timeline-[^)]+\.png)\)", section)
+    assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / "plots" / png).with_suffix(
+        ".svg").is_file()
+    svg = (out / "plots" / png).with_suffix(".svg").read_text()
+    for lane in ("rank 0", "rank 0 comm", "rank 1", "rank 1 comm", "earliest rank"):
+        assert lane in svg, lane
+
+
+def test_no_traced_run_no_section_and_ranks_on_two_hosts_start_at_their_own_step(tmp_path):
+    from bench.commands.report import timeline
+    from tests.test_report import make, run_report, write
+
+    out = tmp_path / "rep"
+    assert run_report(write(tmp_path, make("ddp", 2, 100.0)), out)[0] == 0
+    assert "Where a step's time goes" not in (out / "REPORT.md").read_text()
+    stem = tmp_path / "two-hosts"
+    assert timeline.draw(traced(start1=9e9)["timeline"], ["a", "b"], stem, "t") is True
+    assert "rank's own step start" in stem.with_suffix(".svg").read_text()
+    assert timeline.draw([None, None], None, tmp_path / "none", "t") is False
+
+
+def test_bench_trace_reads_a_trace_of_another_script_by_its_step_and_phase_names(tmp_path, capsys):
+    """A user's own script: torch.profiler's schedule marks each step ProfilerStep#N; the phases are its own ranges."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    from bench import cli
+
+    model, x = torch.nn.Linear(32, 32), torch.randn(4, 32)
+    mine = tmp_path / "mine.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(mine))) as prof:
+        for _ in range(3):
+            with record_function("fwd"):
+                y = model(x).sum()
+            with record_function("bwd"):
+                y.backward()
+            prof.step()
+    with pytest.raises(SystemExit) as done:
+        cli.main(["trace", str(mine), str(mine), "--step", "ProfilerStep*", "--phases", "fwd,bwd"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("2 step(s) in every file; mean ms per step:\n\n| file | fwd | bwd | "
+                                                   "other | step |\n|---|---:|---:|---:|---:|\n")
+    assert out.count(f"| {mine} | ") == 2 and "slowest file per step: 0, 0 (0 = the first file)" in out
+    with pytest.raises(SystemExit):
+        cli.main(["trace", str(mine), "--step", "ProfilerStep*", "--phases", "fwd,bwd", "--format", "json"])
+    got = json.loads(capsys.readouterr().out)
+    assert got["steps"] == 2 and set(got["phase_ms_per_step"][0]) == {"fwd", "bwd", "other"}
+    assert got["phase_ms_per_step"][0]["fwd"] > 0 and len(got["step_ms"][0]) == 2
+
+
+@pytest.mark.parametrize("make_file,args,message", [
+    (None, [], "bench: error: {d}/missing.json: no such file"),
+    (lambda p: p.write_text("{not json"), [], "bench: error: {d}/t.json: not a Chrome trace (JSON, or gzip-compressed "
+                                              "JSON): "),
+    (lambda p: p.write_text("[]"), [], "bench: error: {d}/t.json: not a Chrome trace (no traceEvents list)"),
+    (lambda p: p.write_text(json.dumps(TRACE)), ["--step", "ProfilerStep*"],
+     "bench: error: {d}/t.json: no 'ProfilerStep*' range in the trace; name the range around each step with --step"),
+    (lambda p: p.write_text(json.dumps(TRACE)), ["--phases", ","], "bench: error: --phases ',': expected "
+                                                                   "comma-separated range names"),
+])
+def test_bench_trace_bad_input_is_one_line(tmp_path, capsys, make_file, args, message):
+    path = tmp_path / ("t.json" if make_file else "missing.json")
+    if make_file:
+        make_file(path)
+    code, err = cli_error(capsys, "trace", path, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(message.format(d=tmp_path)), err
