@@ -15,9 +15,11 @@ COLUMNS = (*traces.PHASES, "other")
 
 
 def section(rows: list[dict], out: Path) -> list[str]:
-    traced = [(r, max((rec for rec in r["_recs"] if rec["status"] == "ok" and rec.get("trace")),
-                      key=lambda rec: str(rec["run_id"]))) for r in rows
-              if any(rec["status"] == "ok" and rec.get("trace") for rec in r["_recs"])]
+    traced = []  # (row, its newest ok traced record)
+    for r in rows:
+        recs = [rec for rec in r["_recs"] if rec["status"] == "ok" and rec.get("trace")]
+        if recs:
+            traced.append((r, max(recs, key=lambda rec: str(rec["run_id"]))))
     if not traced:
         return []
     md = ["## Where a step's time goes (traces)", "",
