@@ -37,7 +37,8 @@ UV_VERSION ?= 0.13.9
 LOCK_VENV  := .tools/lock-venv
 lock:
 	@[ -x $(LOCK_VENV)/bin/uv ] || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install -q uv==$(UV_VERSION); }
-	$(LOCK_VENV)/bin/uv pip compile pyproject.toml --extra dev --extra build --universal --fork-strategy fewest \
+	$(LOCK_VENV)/bin/uv pip compile pyproject.toml --extra dev --extra build --extra trace \
+	  --excludes scripts/lock-excludes.txt --universal --fork-strategy fewest \
 	  --generate-hashes --quiet $(if $(UPGRADE),--upgrade) -o requirements.lock
 	@{ echo "# pyproject-fingerprint: $$($(PYTHON) scripts/lockfile.py fingerprint)"; grep -v '^# pyproject-fingerprint: ' requirements.lock; } > requirements.lock.tmp
 	@mv requirements.lock.tmp requirements.lock

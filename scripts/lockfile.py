@@ -37,8 +37,9 @@ except ImportError:  # a bare venv: pip's own copy
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "requirements.lock"
+EXCLUDES = REPO / "scripts" / "lock-excludes.txt"  # packages a locked one declares and never imports
 PYPROJECT = REPO / "pyproject.toml"
-EXTRAS = ("dev", "build")  # the extras `make lock` resolves; what `make install` installs
+EXTRAS = ("dev", "build", "trace")  # the extras `make lock` resolves; what `make install` installs
 FINGERPRINT = "# pyproject-fingerprint: "
 # What TORCH=system keeps from the interpreter: torch and the packages that only torch needs (its CUDA runtime
 # wheels, triton); torchvision too when the interpreter has one (it is built for that torch).
@@ -49,11 +50,14 @@ BUILD_TOOLS = ("setuptools", "wheel")
 
 
 def fingerprint(pyproject: Path = PYPROJECT) -> str:
-    """sha256 of what the lock is resolved from: requires-python, the dependencies and the locked extras."""
+    """sha256 of what the lock is resolved from: requires-python, the dependencies, the locked extras and the
+    packages left out of the resolution (scripts/lock-excludes.txt)."""
     project = tomllib.loads(pyproject.read_text())["project"]
     extras = project.get("optional-dependencies", {})
     spec = {"requires-python": project.get("requires-python"), "dependencies": sorted(project["dependencies"]),
-            "extras": {e: sorted(extras.get(e, [])) for e in EXTRAS}}
+            "extras": {e: sorted(extras.get(e, [])) for e in EXTRAS},
+            "excludes": sorted(line.split("#")[0].strip() for line in EXCLUDES.read_text().splitlines()
+                               if line.split("#")[0].strip())}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 

@@ -92,6 +92,12 @@ def test_the_console_line_gives_rank_0_s_phases_in_step_order_and_where_the_file
         "\n    trace, rank 0, ms per step over 2 step(s): data 0.2, forward 3.0, backward 5.0, optimizer 1.0, "
         "other 0.5; 1 trace file(s) in /r/logs; rank 1's trace was over the cap")
     assert _summary.trace_line(None) == ""
+    gpu = {"comm_ms": 4.04, "overlap_pct": 62.5, "idle_pct": 3.2}
+    assert _summary.trace_line({**trace, "reasons": [], "gpu": [gpu, None]}).endswith(
+        "other 0.5; GPU (HTA): communication kernels 4.0 ms, 62% overlapped by computation, idle 3%; 1 trace file(s) in "
+        "/r/logs")
+    assert "; Holistic Trace Analysis is not installed" in _summary.trace_line(
+        {**trace, "gpu": [{"reason": "Holistic Trace Analysis is not installed (hta): make install"}]})
 
 
 @pytest.mark.parametrize("args,message", [
@@ -180,7 +186,8 @@ def test_the_report_gives_each_traced_configuration_its_phase_table_timeline_and
            "| rank | data | forward | backward | optimizer | other | step |\n" \
            "|---|---:|---:|---:|---:|---:|---:|\n| 0 | 0.1 | 10.0 | 20.0 | 3.0 | 0.5 | 33.7 |\n" \
            "| 1 | 0.1 | 10.0 | 22.0 | 3.0 | 0.5 | 34.8 |" in section  # the newest traced run of the configuration
-    assert "Trace files: `/r/logs/x.rank0.trace.json.gz`; rank 1: trace of 73400320 bytes ..." in section
+    assert "drag the file in): [rank 0](" in section and \
+        "/r/logs/x.rank0.trace.json.gz); rank 1: trace of 73400320 bytes ..." in section
     assert "/old.gz" not in section and "### single" not in section  # untraced configurations have no entry
     [png] = re.findall(r"!\[timeline\]\(plots/(timeline-[^)]+\.png)\)", section)
     assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / "plots" / png).with_suffix(
@@ -250,3 +257,114 @@ def test_bench_trace_bad_input_is_one_line(tmp_path, capsys, make_file, args, me
     code, err = cli_error(capsys, "trace", path, *args)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith(message.format(d=tmp_path)), err
+
+
+# --- GPU traces: Holistic Trace Analysis, on a trace made like a CUDA machine's (tests/gpu_trace.py) ---------------
+
+def test_hta_reads_the_known_overlap_idle_time_and_kernel_types_of_a_gpu_trace(tmp_path):
+    from tests import gpu_trace
+
+    paths = gpu_trace.write(tmp_path)
+    assert all(p.stat().st_size < 2 ** 20 for p in paths)
+    assert traces.has_kernels(traces.load(paths[0])) and not traces.has_kernels(TRACE | {"traceEvents": TRACE[
+        "traceEvents"][:4]})
+    for rank, path in enumerate(paths):
+        got = traces.gpu_analysis(path, rank, gpu_trace.STEPS)
+        assert got["analysis"] == "holistictraceanalysis 0.5.0"
+        assert {k: got[k] for k in gpu_trace.expected(rank)} == pytest.approx(gpu_trace.expected(rank))
+        # the compute stream waits 100 us for the all-reduce in each step and 100 us between steps: the host's
+        assert got["idle_ms_by_cause"] == pytest.approx({"host_wait": 0.5 / 3, "kernel_wait": 0.0, "other": 0.0})
+    # the host-side phases of the same trace are read as on a CPU
+    assert traces.phase_times(traces.load(paths[0]))["phase_ms"]["backward"] == pytest.approx([0.4] * 3)
+
+
+def test_without_hta_the_trace_says_how_to_install_it_and_a_bad_trace_says_why(tmp_path, monkeypatch):
+    from tests import gpu_trace
+
+    [path, _] = gpu_trace.write(tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"traceEvents": [event("k", 0, 1, cat="kernel")]}))
+    assert traces.gpu_analysis(bad, 0, 1)["reason"].startswith("Holistic Trace Analysis failed on bad.json: ")
+    monkeypatch.setitem(__import__("sys").modules, "hta.configs.config", None)  # as if not installed
+    assert traces.gpu_analysis(path, 0, 3) == {"reason": "Holistic Trace Analysis is not installed "
+                                                         "(hta.configs.config): make install, or pip install "
+                                                         "holistictraceanalysis==0.5.0"}
+
+
+def test_bench_trace_adds_hta_s_table_for_gpu_traces(tmp_path, capsys):
+    from bench import cli
+    from tests import gpu_trace
+
+    paths = gpu_trace.write(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["trace", *map(str, paths)])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "| communication | overlapped by computation | communication alone |" in out
+    assert (f"| {paths[0]} | 0.30 | 67 % | 0.10 | 0.85 | 0.05 | 0.07 (6 %) | host_wait 0.17, kernel_wait 0.00, "
+            "other 0.00 |") in out and f"| {paths[1]} | 0.25 | 60 % | 0.10 |" in out
+    with pytest.raises(SystemExit):
+        cli.main(["trace", str(paths[1]), "--format", "json"])
+    [gpu] = json.loads(capsys.readouterr().out)["gpu"]
+    assert gpu["overlap_pct"] == 60.0 and gpu["busiest_stream"] == gpu_trace.COMPUTE
+
+
+def test_the_report_sets_the_trace_s_exposed_communication_beside_the_compute_only_reference(tmp_path):
+    from bench.commands.report import html
+    from tests.test_report import make, run_report, write
+
+    co = lambda thr: [64 * 2 * 10 / thr] * 3  # noqa: E731 - compute-only windows at a given global img/s, 2 ranks
+    measured = {"compute_only": {"measured": True, "reason": None, "keeps": None}}
+    hta = lambda alone: {"analysis": "holistictraceanalysis 0.5.0", "comm_ms": 40.0, "exposed_comm_ms": alone,  # noqa: E731
+                         "overlap_pct": 100 * (40.0 - alone) / 40.0, "compute_ms": 300.0, "memory_ms": 1.0,
+                         "idle_ms": 2.0, "idle_pct": 0.6, "busiest_stream": 7,
+                         "idle_ms_by_cause": {"host_wait": 1.5, "kernel_wait": 0.5, "other": 0.0}}
+    cpu_trace = traced()
+    cpu_trace["phase_ms_per_step"] = [{**p, "all-reduce": 10.0} for p in cpu_trace["phase_ms_per_step"]]
+    missing = {"reason": "Holistic Trace Analysis is not installed (hta): make install, or pip install x"}
+    raw = write(tmp_path, make("single", 1, 100.0), make("single", 1, 100.0, device="cpu"),
+                make("ddp", 2, 180.0, compute_only_window_seconds=co(190.0), **measured,
+                     trace={**traced(), "gpu": [hta(35.0), hta(30.0)]}),
+                make("fsdp2", 2, 150.0, compute_only_window_seconds=co(190.0), **measured,
+                     trace={**traced(), "gpu": [missing, missing]}),
+                make("allreduce_manual", 2, 180.0, device="cpu", compute_only_window_seconds=co(190.0), **measured,
+                     trace=cpu_trace),
+                make("ddp", 2, 180.0, device="cpu", compute_only_window_seconds=co(190.0), **measured,
+                     trace=traced()))
+    out = tmp_path / "rep"
+    assert run_report(raw, out)[0] == 0
+    md = (out / "REPORT.md").read_text()
+    section = md.split("### Exposed communication, two ways")[1].split("\n### ")[0]
+    assert "Both measured for 2 configuration(s); within 25% (or 0.5 ms) of each other in 1." in section
+    assert "| ddp | 2 | fp32 | 37.4 | 40.0 | 19 % | 32.5 | GPU kernels (HTA) | agree (-4.9 ms) |" in section
+    assert "| fsdp2 | 2 | fp32 | 179.6 | - | - | - | Holistic Trace Analysis is not installed (hta): make install, " \
+           "or pip install x | - |" in section
+    assert "| allreduce_manual | 2 | fp32 | 37.4 | 10.0 | 0 % | 10.0 | all-reduce ranges (host) | differ (-27.4 ms) |" \
+        in section
+    assert "| ddp | 2 | fp32 | 37.4 | - | - | - | communicates inside backward and the optimizer step; a CPU trace " \
+           "has no kernels to tell it apart | - |" in section
+    # the GPU kernels per rank under the configuration, and links to its trace files, relative to the report
+    assert "| 0 | 40.00 | 12 % | 35.00 | 300.00 | 1.00 | 2.00 (1 %) | host_wait 1.50, kernel_wait 0.50, other 0.00 |" \
+        in md and "| 1 | 40.00 | 25 % | 30.00 |" in md
+    link = "[rank 0](../../../r/logs/x.rank0.trace.json.gz)".replace("../../../", "../" * len(out.resolve().parts[1:]))
+    assert f"Trace files (open one at https://ui.perfetto.dev: drag the file in): {link}; rank 1: trace" in md
+    assert 'x.rank0.trace.json.gz">rank 0</a>' in (out / "REPORT.html").read_text()
+    # only a path relative to the page becomes a link
+    assert html.inline("[x](javascript:alert(1)) [y](https://a.b/c) [z](a/b.gz) [w](../c%20d.gz)") == \
+        '[x](javascript:alert(1)) [y](https://a.b/c) <a href="a/b.gz">z</a> <a href="../c%20d.gz">w</a>'
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_a_traced_cuda_run_has_hta_s_analysis_on_every_rank(tmp_path):
+    """On a GPU machine: the trace holds the CUDA kernels, and Holistic Trace Analysis reads them in the rank."""
+    from tests.conftest import bench
+    from tests.test_gpu import GPU_RUN
+
+    proc = bench("run", "--backends", "ddp", "--gpus", 1, *GPU_RUN, "--trace", 2, "--results", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(tmp_path)
+    [gpu] = rec["trace"]["gpu"]
+    assert gpu.get("reason") is None and gpu["analysis"] == "holistictraceanalysis 0.5.0", gpu
+    assert gpu["compute_ms"] > 0 and 0 <= gpu["idle_pct"] <= 100 and gpu["busiest_stream"] is not None
+    assert traces.has_kernels(traces.load(rec["trace"]["files"][0]))
+    assert "GPU (HTA): communication kernels " in proc.stdout

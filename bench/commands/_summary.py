@@ -33,7 +33,15 @@ def trace_line(trace: dict | None) -> str:
     phases = ", ".join(f"{p} {rank0[p]:.1f}" for p in (*traces.PHASES, "other") if p in rank0)
     kept = [f for f in trace["files"] if f]
     where = f"{len(kept)} trace file(s) in {Path(kept[0]).parent}" if kept else "no trace file kept"
-    return (f"\n    trace, rank 0, ms per step over {trace['steps']} step(s): {phases}; {where}"
+    gpu = (trace.get("gpu") or [None])[0]
+    hta = ""
+    if gpu and gpu.get("reason"):
+        hta = f"; {gpu['reason']}"
+    elif gpu:
+        overlap = "-" if gpu["overlap_pct"] is None else f"{gpu['overlap_pct']:.0f}%"
+        hta = (f"; GPU (HTA): communication kernels {gpu['comm_ms']:.1f} ms, {overlap} overlapped by computation, "
+               f"idle {gpu['idle_pct']:.0f}%")
+    return (f"\n    trace, rank 0, ms per step over {trace['steps']} step(s): {phases}{hta}; {where}"
             + "".join(f"; {r}" for r in trace["reasons"]))
 
 

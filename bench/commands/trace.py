@@ -1,7 +1,9 @@
 """``python -m bench trace FILE [FILE ...]``: where a step's time goes, read again from Chrome traces: the ones
 ``bench run --trace`` wrote (one per rank), or a trace of your own training script (``--step`` names the range around
 each step, ``--phases`` the ranges inside it). One row per file: the mean milliseconds per step of every phase, and
-*other* (the step outside every phase); with several files (the ranks of one run), the slowest file in each step."""
+*other* (the step outside every phase); with several files (the ranks of one run), the slowest file in each step.
+Files with GPU kernels also get Holistic Trace Analysis's view (communication/computation overlap, idle time, kernel
+types: bench/core/traces.py ``gpu_analysis``)."""
 from __future__ import annotations
 
 import json
@@ -29,7 +31,7 @@ def cmd_trace(args) -> int:
     phases = tuple(p.strip() for p in args.phases.split(",") if p.strip())
     if not phases:
         raise UsageError(f"--phases {args.phases!r}: expected comma-separated range names")
-    per_file = []
+    per_file, gpu = [], []  # gpu: Holistic Trace Analysis of the files with GPU kernels
     for name in args.files:
         path = Path(name)
         if not path.is_file():
@@ -45,9 +47,11 @@ def cmd_trace(args) -> int:
             raise UsageError(f"{name}: no {args.step!r} range in the trace; name the range around each step with "
                              "--step (e.g. --step 'ProfilerStep*')")
         per_file.append(got)
+        gpu.append(traces.gpu_analysis(path, len(gpu), got["steps"]) if traces.has_kernels(trace) else None)
+        del trace
     summary = traces.summarise(per_file)
     if args.format == "json":
-        print(json.dumps({"files": args.files, **summary}, indent=1))
+        print(json.dumps({"files": args.files, **summary, "gpu": gpu}, indent=1))
         return 0
     columns = [c for c in (*phases, "other") if any(c in p for p in summary["phase_ms_per_step"])]
     rows = [[name, *[f"{p[c]:.2f}" if c in p else "-" for c in columns], f"{sum(s) / len(s):.2f}"]
@@ -57,5 +61,9 @@ def cmd_trace(args) -> int:
     if len(args.files) > 1:
         print(f"\nslowest file per step: {', '.join(str(k) for k in summary['slowest_rank_per_step'])} "
               "(0 = the first file)")
+    if any(gpu):
+        print("\nGPU kernels, ms per step (Holistic Trace Analysis; idle by cause on the stream with the most kernel "
+              "time):\n")
+        print(traces.gpu_table(gpu, "file", args.files))
     sys.stdout.flush()
     return 0

@@ -13,6 +13,8 @@ import gzip
 import json
 from pathlib import Path
 
+from bench.core.text import md_table
+
 STEP = "bench step"  # the range around each traced step
 PHASES = ("data", "forward", "backward", "all-reduce", "optimizer")  # the same names as backends.base.PHASES
 RANGE_CATEGORIES = ("user_annotation",)  # host-side record_function ranges (the GPU copies: gpu_user_annotation)
@@ -87,3 +89,75 @@ def summarise(per_rank: list[dict]) -> dict:
                                   for i in range(steps)],
         "timeline": [r.get("timeline") for r in per_rank],
     }
+
+
+HTA = "holistictraceanalysis==0.5.0"  # pyproject.toml's `trace` extra, installed by make install
+
+
+def has_kernels(trace: dict) -> bool:
+    """Whether the trace holds GPU kernels (a trace with CUDA activity), which Holistic Trace Analysis reads."""
+    return any(e.get("cat") == "kernel" for e in trace.get("traceEvents", ()))
+
+
+def gpu_analysis(path, rank: int, steps: int) -> dict:
+    """Holistic Trace Analysis (HTA) on one rank's GPU trace, per traced step: the communication kernels' time, the
+    share of it overlapped by computation kernels (HTA's ``get_comm_comp_overlap``), the part left alone on the GPU
+    (``exposed_comm_ms``), computation and memory-copy kernel time (``get_gpu_kernel_breakdown``), the GPU's idle time
+    (``get_temporal_breakdown``) and, on the busiest stream, that idle time by cause (``get_idle_time_breakdown``:
+    host_wait, the host did not launch work fast enough; kernel_wait, the stream waited on another stream's kernel;
+    other). ``{"reason": ...}`` when HTA cannot run."""
+    import contextlib
+    import io
+    import logging
+    import warnings
+
+    path = Path(path)
+    out = io.StringIO()
+    try:
+        # HTA's progress lines and its pandas deprecation warnings (its own code, dozens per call) stay out of the log
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from hta.configs.config import logger
+            from hta.trace_analysis import TraceAnalysis
+
+            logger.setLevel(logging.ERROR)
+            analysis = TraceAnalysis(trace_files={rank: path.name}, trace_dir=str(path.parent),
+                                     include_last_profiler_step=True)
+            overlap = analysis.get_comm_comp_overlap(visualize=False)
+            temporal = analysis.get_temporal_breakdown(visualize=False)
+            by_type, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
+            idle, _ = analysis.get_idle_time_breakdown(ranks=[rank], visualize=False)
+    except ImportError as e:
+        return {"reason": f"Holistic Trace Analysis is not installed ({e.name}): make install, or pip install {HTA}"}
+    except Exception as e:  # noqa: BLE001 - HTA's parser on a trace it does not expect: say so, keep the run
+        return {"reason": f"Holistic Trace Analysis failed on {path.name}: {type(e).__name__}: {e}"}
+    steps = max(steps, 1)
+    kind = {k: v / 1e3 / steps for k, v in zip(by_type["kernel_type"], by_type["sum"])}
+    alone, overlapped = kind.get("COMMUNICATION", 0.0), kind.get("COMPUTATION overlapping COMMUNICATION", 0.0)
+    pct = float(overlap["comp_comm_overlap_pctg"].iloc[0]) if len(overlap) else float("nan")
+    t = temporal.iloc[0]
+    kernels = analysis.t.get_trace(rank)
+    kernels = kernels[kernels["stream"].ge(0)]
+    busiest = int(kernels.groupby("stream")["dur"].sum().idxmax()) if len(kernels) else None
+    causes = {c: float(v) / 1e3 / steps for c, v in
+              idle[idle["stream"] == busiest].groupby("idle_category")["idle_time"].sum().items()} if busiest is not None else {}
+    return {"analysis": HTA.replace("==", " "), "comm_ms": alone + overlapped, "exposed_comm_ms": alone,
+            "overlap_pct": None if pct != pct else pct,
+            "compute_ms": kind.get("COMPUTATION", 0.0) + overlapped, "memory_ms": kind.get("MEMORY", 0.0),
+            "idle_ms": float(t["idle_time(us)"]) / 1e3 / steps, "idle_pct": float(t["idle_time_pctg"]),
+            "busiest_stream": busiest, "idle_ms_by_cause": causes}
+
+
+def gpu_table(gpu: list[dict | None], key: str, names) -> str:
+    """``gpu_analysis`` of several ranks (or files) as a Markdown table, ms per step, a row per entry of ``gpu``."""
+    rows = []
+    for name, g in zip(names, gpu):
+        if not g or g.get("reason"):
+            rows.append([name, *["-"] * 7, (g or {}).get("reason", "no GPU kernels in the trace")])
+            continue
+        causes = ", ".join(f"{c} {v:.2f}" for c, v in sorted(g["idle_ms_by_cause"].items()))
+        rows.append([name, f"{g['comm_ms']:.2f}", "-" if g["overlap_pct"] is None else f"{g['overlap_pct']:.0f} %",
+                     f"{g['exposed_comm_ms']:.2f}", f"{g['compute_ms']:.2f}", f"{g['memory_ms']:.2f}",
+                     f"{g['idle_ms']:.2f} ({g['idle_pct']:.0f} %)", causes or "-"])
+    return md_table([key, "communication", "overlapped by computation", "communication alone", "computation",
+                     "memory copies", "GPU idle", "idle by cause"], rows, {1, 2, 3, 4, 5, 6})

@@ -110,6 +110,8 @@ def trace_fields(per_rank: list[dict]) -> dict | None:
     return {"files": [t["file"] for t in got], "bytes": [t["bytes"] for t in got],
             "profiled_seconds": max(t["profiled_seconds"] for t in got),
             "export_seconds": max(t["export_seconds"] for t in got),
+            "analysis_seconds": max(t.get("analysis_seconds") or 0.0 for t in got),
+            "gpu": [t.get("gpu") for t in got] if any(t.get("gpu") for t in got) else None,
             "reasons": [t["reason"] for t in got if t["reason"]],
             **traces.summarise([t["phase_times"] for t in got])}
 

@@ -6,7 +6,8 @@ profiler's overhead never touches a reported number.
 range, with the backend's phases marked inside it (``Backend.phase``: data, forward, backward, all-reduce,
 optimizer). Each rank writes one gzip-compressed Chrome trace next to the run's log,
 ``logs/<run id>.rank<r>.trace.json.gz`` (open it in https://ui.perfetto.dev), and summarises its phases
-(bench/core/traces.py) for the record. A trace larger than ``MAX_TRACE_BYTES`` compressed is not kept.
+(bench/core/traces.py) for the record; a GPU trace is also read by Holistic Trace Analysis (communication/computation
+overlap, idle time, kernel types: ``traces.gpu_analysis``). A trace larger than ``MAX_TRACE_BYTES`` compressed is not kept.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def capture(backend, steps: int, sync, path: Path) -> dict:
     if any(d.type == "cuda" for d in backend.devices()):
         activities.append(ProfilerActivity.CUDA)
     t0 = time.perf_counter()
+    rank = backend.rank
     backend.phase_marker = record_function
     try:
         with profile(activities=activities) as prof:
@@ -55,18 +57,23 @@ def capture(backend, steps: int, sync, path: Path) -> dict:
     try:
         t1 = time.perf_counter()
         prof.export_chrome_trace(str(raw))
-        phases = traces.phase_times(traces.load(raw))
+        trace = traces.load(raw)
+        phases = traces.phase_times(trace)
+        t2 = time.perf_counter()
+        gpu = traces.gpu_analysis(raw, rank, phases["steps"]) if traces.has_kernels(trace) else None
+        analysed = time.perf_counter() - t2
+        del trace
         with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst)
         size = tmp.stat().st_size
         kept = size <= MAX_TRACE_BYTES
         if kept:
             os.replace(tmp, path)
-        written = time.perf_counter() - t1
+        written = time.perf_counter() - t1 - analysed
     finally:
         for p in (raw, tmp):
             p.unlink(missing_ok=True)
     return {"file": str(path) if kept else None, "bytes": size, "steps": steps, "profiled_seconds": profiled,
-            "export_seconds": written, "phase_times": phases,
+            "export_seconds": written, "phase_times": phases, "gpu": gpu, "analysis_seconds": analysed,
             "reason": None if kept else f"trace of {size} bytes compressed is over the {MAX_TRACE_BYTES}-byte cap; "
                                         "trace fewer steps (--trace N)"}

@@ -39,9 +39,14 @@ summary { cursor: pointer; color: #2456a6; margin: 6px 0; }
 """
 
 
+# [text](target): a path relative to the page (a trace file); nothing with a scheme (https:, javascript:) becomes a
+# link, so the page points at nothing outside the results
+LINK = re.compile(r"\[([^\]]+)\]\(((?![\w+.-]*:)[^\s()\"'<>]+)\)")
+
+
 def inline(text: str) -> str:
     """Escape, then the inline Markdown the report uses: `code`, **bold** (which may hold `code`, as a verdict's
-    headline does), *emphasis*."""
+    headline does), *emphasis*, [links](relative/path)."""
     parts = re.split(r"`([^`]*)`", text)
     bold = sum(part.count("**") for part in parts[::2]) % 2 == 0  # an unpaired ** stays as it is
     out, opened = [], False
@@ -56,7 +61,8 @@ def inline(text: str) -> str:
             for piece in pieces[1:]:
                 opened = not opened
                 part += ("<strong>" if opened else "</strong>") + piece
-        out.append(re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", part))
+        part = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", part)
+        out.append(LINK.sub(r'<a href="\2">\1</a>', part))
     return "".join(out)
 
 
