@@ -8,16 +8,21 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 
+from backends import models
 from bench.core.config import MIN_WARMUP
 
 # fp16 needs a GradScaler (its gradients underflow); bf16 has fp32's range and needs none.
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# The one optimizer every backend trains with (DeepSpeed and ZeroRedundancyOptimizer wrap the same).
+# The optimizers every backend trains with (--optimizer; DeepSpeed and ZeroRedundancyOptimizer wrap the same):
+# SGD with momentum, as the source articles train ResNets; AdamW with nanoGPT's GPT-2 settings. ``foreach`` is set,
+# not left to torch's default (on for CUDA tensors, off on the CPU), so every backend runs the same implementation:
+# the multi-tensor one on GPUs; on CPUs, where torch has none worth the name, the per-parameter loop.
 SGD = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
+ADAMW = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+OPTIMIZERS = {"sgd": (torch.optim.SGD, SGD), "adamw": (torch.optim.AdamW, ADAMW)}
 # Knobs every backend honours unless it says otherwise (``knobs``); the others are the backends' own.
-COMMON_KNOBS = frozenset({"channels_last", "compile"})
+COMMON_KNOBS = frozenset({"channels_last", "compile", "activation_checkpointing"})
 # The phases of a step a trace shows (bench run --trace; bench.core.traces.PHASES: data wait, forward with the loss,
 # backward, a backend's own explicit collectives, optimizer step). Outside a trace a phase is a shared do-nothing
 # context: no profiler runs.
@@ -162,6 +167,7 @@ class Backend:
             "sync_batchnorm_layers": sum(isinstance(m, torch.nn.SyncBatchNorm) for m in self.module.modules()),
             "grad_reduce_dtype": self.grad_reduce_dtype(),
             "compile": self.compile_mode if (getattr(self, "options", None) or {}).get("compile") else None,
+            "activation_checkpointing_blocks": getattr(self.module, "_bench_checkpointed", 0),
         }
 
     # -- shared building blocks ----------------------------------------------------------------------
@@ -178,11 +184,12 @@ class Backend:
         # A backend that compiles its own parts (compile_mode other than "whole model") did so in its setup.
         whole = self.options.get("compile") and self.compile_mode == "whole model"
         self.model = torch.compile(model) if whole else model
-        self.optimizer = torch.optim.SGD(model.parameters(), **SGD)
+        self.optimizer = make_optimizer(cfg, model.parameters())
         self.autocast_dtype = AUTOCAST_DTYPES.get(cfg.precision)
         self.device_type = cfg.device_type
         self.scaler = torch.amp.GradScaler(cfg.device_type) if cfg.precision == "fp16" else None
         self.feed_batch, self.data_device = feed_batch, data_device or self.device
+        self.workload = models.for_config(cfg)
         self.batches = None
 
     def forward_loss(self) -> torch.Tensor:
@@ -191,7 +198,7 @@ class Backend:
         with self.phase("forward"), torch.autocast(self.device_type, dtype=self.autocast_dtype,
                                                    enabled=self.autocast_dtype is not None):
             out = self.model(inputs)
-            return F.cross_entropy(out, targets)
+            return self.workload.loss(out, targets)
 
     def step(self) -> torch.Tensor:
         """One forward/backward/optimizer step; returns this rank's loss (a detached device tensor, never read
@@ -226,17 +233,38 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def build_model(cfg) -> torch.nn.Module:
-    """A torchvision classification model with random weights, identical on every rank (seeded)."""
-    import torchvision
-
+    """The run's model (backends/models: a torchvision classifier, gpt-<size> or the user's) with random weights,
+    identical on every rank (seeded)."""
     torch.manual_seed(cfg.seed)
-    # Auxiliary classifiers would get no gradient from the main loss, which DDP rejects; benchmarks train
-    # the main head only.
-    extra = {"aux_logits": False} if cfg.model in ("googlenet", "inception_v3") else {}
-    model = torchvision.models.get_model(cfg.model, weights=None, num_classes=1000, **extra)
-    if (cfg.options or {}).get("channels_last"):  # NHWC; the harness feeds channels-last batches too
-        model = model.to(memory_format=torch.channels_last)
+    model = models.for_config(cfg).build()
+    if (cfg.options or {}).get("activation_checkpointing"):
+        checkpoint_blocks(model)
     return model
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> int:
+    """--activation-checkpointing: each block (backends/models ``find_blocks``) keeps only its input for backward
+    and recomputes its activations there. torch's composable ``checkpoint`` (non-reentrant, through hooks) leaves the
+    parameter names as they are, and is applied before DDP, FSDP2 (as its documentation orders), DeepSpeed or
+    Horovod see the model. Returns the number of blocks."""
+    from torch.distributed._composable import checkpoint
+
+    blocks = models.find_blocks(model)
+    if not blocks:
+        raise ValueError(f"--activation-checkpointing: {type(model).__name__} has no blocks to checkpoint (a "
+                         "transformer's layers, a ResNet's residual blocks, or your factory's `blocks`)")
+    for block in blocks:
+        checkpoint(block)
+    model._bench_checkpointed = len(blocks)  # for describe()
+    return len(blocks)
+
+
+def make_optimizer(cfg, params, cls=None):
+    """The run's optimizer (``cfg.optimizer``: sgd or adamw, at the settings above) over ``params``; ``cls`` only
+    for ZeroRedundancyOptimizer, which takes the class and its arguments apart."""
+    optimizer, settings = OPTIMIZERS[cfg.optimizer or "sgd"]
+    settings = {**settings, "foreach": cfg.device_type == "cuda"}
+    return (cls or optimizer)(params, **({"optimizer_class": optimizer} if cls else {}), **settings)
 
 
 def device_for(cfg, local_index: int) -> torch.device:

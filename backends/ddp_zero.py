@@ -8,10 +8,11 @@ per step for 1/N of the optimizer state's memory.
 step for ResNet-50; zero_redundancy_optimizer.py ``_broadcast_params_from_rank``), where the bucket view sends
 one flat buffer per rank and device, as DDP's buckets do. Recorded in ``backend_info``.
 """
-import torch
+import functools
+
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from backends.base import SGD
+from backends.base import make_optimizer
 from backends.ddp import DDP
 
 
@@ -20,8 +21,8 @@ class DDPZero(DDP):
 
     def setup(self, cfg):
         super().setup(cfg)
-        self.optimizer = ZeroRedundancyOptimizer(self.module.parameters(), optimizer_class=torch.optim.SGD,
-                                                 parameters_as_bucket_view=True, **SGD)
+        self.optimizer = make_optimizer(cfg, self.module.parameters(), cls=functools.partial(
+            ZeroRedundancyOptimizer, parameters_as_bucket_view=True))
 
     def describe(self):
         info = super().describe()

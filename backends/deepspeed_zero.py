@@ -27,9 +27,9 @@ import logging
 import os
 
 import torch
-import torch.nn.functional as F
 
-from backends.base import SGD, build_model
+from backends import models
+from backends.base import build_model, make_optimizer
 from backends.ddp import DDP
 
 INSTALL = "pip install deepspeed (make install does)"
@@ -46,7 +46,7 @@ def problem() -> str | None:
 
 class DeepSpeedZero(DDP):
     # DeepSpeed compiles through its own engine.compile(), not offered here
-    knobs = frozenset({"channels_last", "ds_bucket_mb"})
+    knobs = frozenset({"channels_last", "ds_bucket_mb", "activation_checkpointing"})
 
     no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
                        "gradient partitioning")
@@ -104,7 +104,7 @@ class DeepSpeedZero(DDP):
             "steps_per_print": 2 ** 31 - 1,
             "wall_clock_breakdown": False,
         }
-        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), **SGD),
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(cfg, model.parameters()),
                                                        config=config, dist_init_required=False)
         self.engine = self.model = engine
         self.module, self.optimizer = engine.module, optimizer
@@ -112,6 +112,7 @@ class DeepSpeedZero(DDP):
         self.autocast_dtype, self.scaler = None, None  # DeepSpeed casts the model and scales the loss itself
         self.device_type, self.feed_batch, self.data_device = cfg.device_type, cfg.batch_size, self.device
         self.input_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision, torch.float32)
+        self.workload = models.for_config(cfg)
 
     def _half_norm_buffers(self) -> int:
         """DeepSpeed >= 0.19 casts the parameters only and keeps buffers fp32, so BatchNorm met half weights with fp32
@@ -132,7 +133,9 @@ class DeepSpeedZero(DDP):
         with self.phase("data"):
             inputs, targets = next(self.batches)
         with self.phase("forward"):
-            return F.cross_entropy(self.engine(inputs.to(self.input_dtype)).float(), targets)
+            if inputs.is_floating_point():  # images; token ids stay integers
+                inputs = inputs.to(self.input_dtype)
+            return self.workload.loss(self.engine(inputs).float(), targets)
 
     def step(self):
         loss = self.forward_loss()

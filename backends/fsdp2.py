@@ -27,6 +27,7 @@ import dataclasses
 
 import torch
 
+from backends import models
 from backends.base import COMMON_KNOBS, build_model
 from backends.ddp import DDP
 
@@ -138,8 +139,8 @@ def norm_groups(norms: list[torch.nn.Module], units: list[torch.nn.Module]) -> l
 
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The units to shard one by one: residual blocks where the model has them, else the root's children."""
-    from torchvision.models.resnet import BasicBlock, Bottleneck
-
-    found = [m for m in model.modules() if isinstance(m, (BasicBlock, Bottleneck))]
+    """The units to shard one by one: the model's blocks (a transformer's layers, as FSDP2's documentation and
+    torchtitan wrap them; a ResNet's residual blocks; a user model's own: backends/models), else the root's
+    children."""
+    found = models.find_blocks(model)
     return found or [m for m in model.children() if any(True for _ in m.parameters())]

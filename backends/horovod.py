@@ -73,7 +73,7 @@ class Horovod(Backend):
     local_only = False  # inside skip_gradient_sync()
 
     # compile is not offered: DistributedOptimizer hooks each parameter's gradient accumulator
-    knobs = frozenset({"channels_last", "compression", "hvd_fusion_mb", "hvd_cycle_ms"})
+    knobs = frozenset({"channels_last", "compression", "hvd_fusion_mb", "hvd_cycle_ms", "activation_checkpointing"})
 
     def unavailable(self, cfg):
         reason = problem()

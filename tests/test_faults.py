@@ -167,7 +167,7 @@ def test_out_of_memory_is_found_under_a_long_tail_of_collateral_errors():
     output = (f"{OOM_MARKER} CUDA out of memory. Tried to allocate 2.00 GiB\n"
               + "[rank3]: NCCL watchdog: collective timed out\n" * 2000)
     reason = failure_reason(cfg, output, 1, False, 100.0, "run.log")
-    assert reason == ("out of memory: batch 256 per device (2048 global), resnet50 at 224 px, fp32: "
+    assert reason == ("out of memory: batch 256 per device (2048 global), resnet50 at 224px, fp32: "
                       "CUDA out of memory. Tried to allocate 2.00 GiB")
     # horovodrun tags every line with its rank: a Horovod OOM was reported as a plain crash (exit code 3), so
     # --find-max-batch stopped at its first probe instead of searching down

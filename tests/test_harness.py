@@ -186,7 +186,7 @@ def test_world_sizes_sweep_powers_of_two_and_the_top():
 
 @pytest.mark.parametrize("args,message", [
     (["--backends", "nope"], "bench: error: unknown backend nope; choose from single, dp, ddp, ddp_spawn"),
-    (["--model", "notamodel"], "bench: error: unknown model 'notamodel'; choose a torchvision classification model: "),
+    (["--model", "notamodel"], "bench: error: unknown model 'notamodel'; choose a torchvision classification model ("),
     (["--gpus", "64"], "bench: error: --gpus 64: this machine has "),
     (["--batch-size", "0"], "bench: error: batch-size must be a positive integer, got 0"),
     (["--steps", "-1"], "bench: error: steps must be a positive integer, got -1"),

@@ -23,7 +23,10 @@ def add_run_arguments(r) -> None:
     r.add_argument("--gpus", help="comma-separated world sizes, e.g. 1,2,4 (on CPU: worker processes)")
     r.add_argument("--max-gpus", help="sweep powers of two up to N, and N itself; 'all' = every device (default)")
     r.add_argument("--device", default="auto", help="auto | cuda | cpu (default auto: cuda when present)")
-    r.add_argument("--model", help="torchvision classification model (default resnet50 on GPU, resnet18 on CPU)")
+    r.add_argument("--model", help="torchvision classification model (default resnet50 on GPU, resnet18 on CPU), "
+                                   "gpt-<size> (README: Workloads) or your own: package.module:factory")
+    r.add_argument("--seq-len", type=int, help="gpt-<size>: tokens per sequence (default 1024 on GPU, 64 on CPU)")
+    r.add_argument("--optimizer", help="sgd | adamw (default: sgd for torchvision models, adamw for the others)")
     r.add_argument("--batch-size", type=int, help="per-device batch (default 64 on GPU, 8 on CPU)")
     r.add_argument("--image-size", type=int, help="square input size in px (default 224 on GPU, 64 on CPU)")
     r.add_argument("--warmup", type=int, help="untimed steps before the first window")
@@ -54,6 +57,9 @@ def add_run_arguments(r) -> None:
                    help="DeepSpeed reduce and all-gather buckets, MiB of fp32 elements (default 25, DDP's; DeepSpeed's "
                         "own 5e8 elements would allocate 1907 MiB per bucket on every rank)")
     k.add_argument("--channels-last", action="store_true", help="NHWC model and inputs (torch.channels_last)")
+    k.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each block's activations in backward instead of keeping them (less memory, about "
+                        "one more forward of compute); every backend but dp")
     k.add_argument("--compile", action="store_true",
                    help="torch.compile the (wrapped) model; compiles in warm-up, its time recorded as compile_seconds")
     r.add_argument("--data", default="synthetic", help="synthetic (a fixed batch on the device) | imagenet")
@@ -122,9 +128,17 @@ def parse_backends(text: str) -> list[str]:
 def check_model(name: str) -> None:
     import torchvision
 
+    from bench.core import workloads
+
+    if workloads.kind(name) != "vision":  # gpt-<size> (kind() checked the size) or package.module:factory
+        module, _, factory = name.partition(":")
+        if ":" in name and not (module and factory):
+            raise UsageError(f"--model {name!r}: your own model is package.module:factory")
+        return
     valid = torchvision.models.list_models(module=torchvision.models)
     if name not in valid:
-        raise UsageError(f"unknown model {name!r}; choose a torchvision classification model: {', '.join(valid)}")
+        raise UsageError(f"unknown model {name!r}; choose a torchvision classification model ({', '.join(valid)}), "
+                         f"a GPT size ({', '.join(workloads.GPT_SIZES)}) or your own (package.module:factory)")
 
 
 def check_writable(directory: Path) -> None:
@@ -175,7 +189,8 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
             windows=_pick(args.windows, d["windows"]), precision=precision, timeout=args.timeout,
             options=backend_options(name, args), cudnn_benchmark=cudnn_benchmark, eval=args.eval, nnodes=nnodes,
-            eval_samples=_pick(args.eval_samples, RunConfig.eval_samples),
+            eval_samples=_pick(args.eval_samples, RunConfig.eval_samples), seq_len=args.seq_len,
+            optimizer=args.optimizer,
         ).validate()
         if cfg.data == "imagenet":  # bad loader or decode names: the loader registry says so, in one line
             loaders.check(cfg.loader, cfg.decode, cfg.device_type)
@@ -183,7 +198,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
         if cfg.warmup < least:
             raise UsageError(f"warmup {cfg.warmup} is too short for {name}: use at least {least} ({why})")
         cfg.note = "; ".join(filter(None, [backend.note(cfg), note])) or None
-        cfg.flops_per_sample, cfg.peak_tflops = workload_flops(model, cfg.image_size), args.peak_tflops
+        cfg.flops_per_sample, cfg.peak_tflops = workload_flops(model, cfg.image_size, cfg.seq_len), args.peak_tflops
         if cfg.data == "imagenet" and cfg.workers is None:
             cfg.workers = data.default_workers(n)  # per device, for every backend
         configs.append(cfg)
@@ -249,15 +264,18 @@ def loader_unavailable(cfg: RunConfig) -> str | None:
     return loaders.unavailable(cfg.loader or "torchvision")
 
 
-def workload_flops(model: str, image_size: int) -> float | None:
-    """Training FLOPs per image (bench.rank.flops), or None with a warning when the model cannot be counted."""
+def workload_flops(model: str, image_size: int | None, seq_len: int | None = None) -> float | None:
+    """Training FLOPs per sample (bench.rank.flops), or None (with a warning when a model cannot be counted)."""
+    from bench.core import workloads
     from bench.rank import flops
 
+    if workloads.kind(model) == "custom":
+        return None  # built in the ranks only: not counted, no MFU (README: Workloads)
     try:
-        return flops.flops_per_sample(model, image_size)
+        return flops.flops_per_sample(model, image_size, seq_len)
     except Exception as e:  # noqa: BLE001 - a model the meta device cannot trace: no FLOPs, no MFU, still a run
-        print(f"warning: cannot count FLOPs of {model} at {image_size} px ({type(e).__name__}: {e}); no MFU",
-              file=sys.stderr)
+        print(f"warning: cannot count FLOPs of {model} at {workloads.shape({'image_size': image_size, 'seq_len': seq_len})}"
+              f" ({type(e).__name__}: {e}); no MFU", file=sys.stderr)
         return None
 
 
@@ -274,7 +292,7 @@ def interleave(configs: list[RunConfig], repeats: int) -> list[RunConfig]:
 
 
 KNOBS = ("ddp_bucket_mb", "ddp_static_graph", "ddp_grad_as_bucket_view", "ddp_find_unused", "ddp_comm_hook",
-         "hvd_fusion_mb", "hvd_cycle_ms", "ds_bucket_mb", "channels_last", "compile")
+         "hvd_fusion_mb", "hvd_cycle_ms", "ds_bucket_mb", "channels_last", "compile", "activation_checkpointing")
 
 
 def backend_options(name: str, args) -> dict:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench.core import traces
+from bench.core import traces, workloads
 
 
 def one_line(rec: dict) -> str:
@@ -17,8 +17,11 @@ def one_line(rec: dict) -> str:
         return f"ok: {rec['reason']}"
     if rec["status"] == "ok":
         lo, hi = rec["throughput_ci95"]
-        line = (f"ok: {rec['throughput']:.1f} img/s global (95% CI {lo:.1f}-{hi:.1f}), "
-                f"{rec['per_device_throughput']:.1f} img/s per device")
+        unit = workloads.sample_unit(rec)
+        line = (f"ok: {rec['throughput']:.1f} {unit}/s global (95% CI {lo:.1f}-{hi:.1f}), "
+                f"{rec['per_device_throughput']:.1f} {unit}/s per device")
+        if rec.get("tokens_per_second"):
+            line += f", {rec['tokens_per_second']:,.0f} tokens/s global"
         if rec.get("disturbed"):
             line += f"; ⚠ disturbed: {'; '.join(rec.get('disturbed_reasons') or [])}"
         return line + trace_line(rec.get("trace"))
@@ -49,10 +52,12 @@ def print_table(records: list[dict], console: Console | None = None) -> None:
     if not records:
         return
     device = records[0]["device_type"]
-    table = Table(title=f"{records[0]['model']} {records[0]['image_size']}px, batch {records[0]['batch_per_device']}"
-                        f"/device, {records[0]['data']} data, {device}")
-    for col, justify in (("backend", "left"), ("world size", "right"), ("global img/s", "right"),
-                         ("per-device img/s", "right"), ("precision", "left"), ("status", "left")):
+    first = records[0]
+    unit = workloads.sample_unit(first)
+    table = Table(title=f"{first['model']} {workloads.shape(first)}, batch {first['batch_per_device']}"
+                        f"/device, {first.get('optimizer') or 'sgd'}, {first['data']} data, {device}")
+    for col, justify in (("backend", "left"), ("world size", "right"), (f"global {unit}/s", "right"),
+                         (f"per-device {unit}/s", "right"), ("precision", "left"), ("status", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for r in records:
         ok = r["status"] == "ok" and not r.get("record_elsewhere")

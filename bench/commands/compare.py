@@ -55,6 +55,7 @@ import json
 import math
 from pathlib import Path
 
+from bench.core import workloads
 from bench.core.errors import UsageError, warn
 from bench.core.stats import TESTS
 
@@ -199,7 +200,7 @@ def _match_key(rec: dict, ignore_hardware: bool) -> tuple:
 
 def label(rec: dict) -> str:
     """A short, readable name for a configuration (hardware is in the report header)."""
-    text = (f"{rec['backend']} x{rec['world_size']} {rec['model']} {rec['image_size']}px "
+    text = (f"{rec['backend']} x{rec['world_size']} {rec['model']} {workloads.shape(rec)} "
             f"b{rec['batch_per_device']}/dev {rec['precision']}")
     if rec.get("data") not in (None, "synthetic"):
         text += f" {rec['data']} data"

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.commands._comm import inputs, rows
+from bench.core import workloads
 from bench.core.errors import UsageError, warn
 
 
@@ -67,7 +68,7 @@ def print_prediction(inp: dict, table_rows: list[dict], args) -> None:
     pct = lambda x: "-" if x is None else f"{100 * x:.1f} %"  # noqa: E731
     where = (f"{args.gpus_per_node} GPUs per node, {args.inter_node_gbps:g} Gbit/s between nodes"
              if args.inter_node_gbps else "one node")
-    table = Table(title=f"predicted {args.backend}-style scaling: {inp['model']} {inp['image_size']}px b"
+    table = Table(title=f"predicted {args.backend}-style scaling: {inp['model']} {workloads.shape(inp)} b"
                         f"{inp['batch_per_device']}/device {inp['precision']} on {inp['hardware']} ({where}); "
                         f"t_compute {1000 * inp['t_compute']:.1f} ms, gradient {inp['grad_bytes'] / 2 ** 20:.1f} MiB, "
                         f"busbw from {inp['curve_world_size']} ranks")

@@ -11,7 +11,7 @@ from pathlib import Path
 import backends
 from bench.commands import _nodes
 from bench.commands._plan import add_run_arguments, check_writable, horovod_info, interleave, loader_unavailable, plan
-from bench.core import traces
+from bench.core import traces, workloads
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError, warn
 from bench.core.trust import OTHERS_CPU_SHARE
@@ -79,7 +79,7 @@ def cmd_run(args) -> int:
             for i, cfg in enumerate(configs, 1):
                 rep = f" (repeat {cfg.repeat_index}/{cfg.repeats})" if cfg.repeats > 1 else ""
                 knob = " cudnn.benchmark off" if cfg.cudnn_benchmark is False else ""
-                bar.start(f"{cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} {cfg.image_size}px "
+                bar.start(f"{cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} {workloads.shape(cfg.to_dict())} "
                           f"batch {cfg.batch_size}/device {cfg.precision}{knob}{rep}")
                 # The machine around the run: load, others' CPU time and GPUs during its windows (bench/launch/
                 # machine.py); the record says whether it was disturbed (bench/core/trust.py judges).

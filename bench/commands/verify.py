@@ -36,6 +36,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from bench.core import workloads
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError
 
@@ -58,9 +59,12 @@ def register(sub) -> None:
     v.add_argument("--max-gpus", help="sweep powers of two up to N, and N itself (default: every GPU; on CPU 2 "
                                       "workers)")
     v.add_argument("--device", default="auto", help="auto | cuda | cpu")
-    v.add_argument("--model", help="torchvision classification model (default resnet18)")
+    v.add_argument("--model", help="torchvision classification model (default resnet18), gpt-<size> or "
+                                   "package.module:factory (README: Workloads)")
     v.add_argument("--batch-size", type=int, help="per-device batch (default 4 on CPU, 16 on GPU)")
     v.add_argument("--image-size", type=int, help="square input in px (default 32 on CPU, 64 on GPU)")
+    v.add_argument("--seq-len", type=int, help="gpt-<size>: tokens per sequence (default 64 on CPU, 1024 on GPU)")
+    v.add_argument("--optimizer", help="sgd | adamw (default: sgd for torchvision models, adamw for the others)")
     v.add_argument("--steps", type=int, help="training steps compared (default 20)")
     v.add_argument("--precision", help="fp32 | fp16 | bf16 (default: each backend's own)")
     v.add_argument("--eval-samples", type=int, help="synthetic evaluation set size (default 250 on CPU, 500 on GPU)")
@@ -107,7 +111,9 @@ def plan(args):
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     base = {"device_type": device_type, "model": model, "image_size": args.image_size or d["image_size"],
             "batch_size": args.batch_size or d["batch_size"], "steps": args.steps or d["steps"],
-            "eval_samples": args.eval_samples or d["eval_samples"], "timeout": args.timeout}
+            "eval_samples": args.eval_samples or d["eval_samples"], "timeout": args.timeout,
+            "seq_len": args.seq_len, "optimizer": args.optimizer}
+    config(base, names[0], "inproc", 1, "fp32")  # --seq-len, --optimizer: one line when they do not fit the model
     entries = []
     for name in names:
         backend = backends.create(name)
@@ -129,7 +135,8 @@ def config(base, backend, launcher, world_size, precision, batch_size=None, opti
     return RunConfig(backend=backend, launcher=launcher, world_size=world_size, device_type=base["device_type"],
                      model=base["model"], image_size=base["image_size"], batch_size=batch_size or base["batch_size"],
                      warmup=2, steps=base["steps"], windows=1, precision=precision, timeout=base["timeout"],
-                     eval=True, eval_samples=base["eval_samples"], options=options or {}).validate()
+                     eval=True, eval_samples=base["eval_samples"], options=options or {}, seq_len=base["seq_len"],
+                     optimizer=base["optimizer"]).validate()
 
 
 def cmd_verify(args) -> int:
@@ -156,8 +163,9 @@ def cmd_verify(args) -> int:
                               timeout=launch.default_timeout(cfg) + 60)
 
     refs = sorted({e.reference for e in todo})
+    shape = config(base, "single", "inproc", 1, "fp32")
     print(f"verify: {len(todo)} run(s) against {len(refs)} reference(s), {base['steps']} steps each, {base['model']} "
-          f"{base['image_size']}px, batch {base['batch_size']}/device", flush=True)
+          f"{workloads.shape(shape.to_dict())}, {shape.optimizer}, batch {base['batch_size']}/device", flush=True)
     ran = {}
     for ref in refs:
         n, batchnorm, precision = ref
@@ -219,7 +227,7 @@ def compare(e: Entry, ran: dict, base: dict) -> dict:
     if e.skipped:
         return row
     row["reference"] = describe_reference(e.reference, base["batch_size"])
-    if e.reference[0] > 1 and e.reference[1] == "local":
+    if e.reference[0] > 1 and e.reference[1] == "local" and workloads.kind(base["model"]) == "vision":
         row["note"] = ("BatchNorm normalises each replica's share: not the same training as single at the global "
                        "batch, and compared with single running the shares as micro-batches")
     ref, twin = ran[e.reference + (False,)], ran.get(e.reference + (True,))

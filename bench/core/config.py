@@ -5,6 +5,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from bench.core import workloads
 from bench.core.errors import UsageError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -31,7 +32,7 @@ class RunConfig:
     world_size: int
     device_type: str
     model: str
-    image_size: int
+    image_size: int | None  # vision workloads; None for the others
     batch_size: int  # per device; the global batch is batch_size x world_size for every backend
     warmup: int
     steps: int  # per timed window
@@ -54,9 +55,22 @@ class RunConfig:
     nnodes: int = 1  # machines in the run; world_size = nnodes x processes per node
     flops_per_sample: float | None = None  # training FLOPs per image (bench.rank.flops), counted once per workload
     peak_tflops: float | None = None  # --peak-tflops: the device's dense peak, overriding bench.rank.flops.PEAKS
+    seq_len: int | None = None  # gpt-<size>: tokens per sample (bench/core/workloads.py)
+    optimizer: str | None = None  # sgd | adamw; None: the workload's default (workloads.default_optimizer)
 
     def validate(self) -> "RunConfig":
-        for name in ("world_size", "image_size", "batch_size", "steps", "windows", "eval_samples"):
+        kind = workloads.kind(self.model)
+        if kind != "language" and self.seq_len is not None:
+            raise UsageError(f"--seq-len is for the gpt-<size> models; {self.model} is not one")
+        if kind == "language" and self.seq_len is None:
+            self.seq_len = workloads.DEFAULT_SEQ_LEN.get(self.device_type, 64)
+        if kind != "vision":
+            self.image_size = None  # no images
+        self.optimizer = self.optimizer or workloads.default_optimizer(self.model)
+        if self.optimizer not in workloads.OPTIMIZERS:
+            raise UsageError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(workloads.OPTIMIZERS)}")
+        sizes = ("image_size",) if kind == "vision" else ("seq_len",) if kind == "language" else ()
+        for name in ("world_size", *sizes, "batch_size", "steps", "windows", "eval_samples"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise UsageError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")

@@ -17,6 +17,7 @@ import uuid
 import warnings
 from pathlib import Path
 
+from bench.core import workloads
 from bench.core.devices import usable_cpus
 
 SCHEMA = 2  # 2: peaks are the timed windows' (warm-up peaks separate); repeats; cudnn knob
@@ -59,6 +60,9 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
         "device_type": cfg["device_type"],
         "model": cfg["model"],
         "image_size": cfg["image_size"],
+        "seq_len": cfg.get("seq_len"),
+        "optimizer": cfg.get("optimizer") or workloads.default_optimizer(cfg["model"]),
+        "tokens_per_second": None,
         "precision": cfg["precision"],
         "batch_per_device": cfg["batch_size"],
         "global_batch": cfg["batch_size"] * cfg["world_size"],
@@ -297,8 +301,8 @@ def _cpu_model() -> str | None:
 # Grouping: runs of the same configuration on the same kind of hardware. Reports and the regression gate
 # both group with this, so "the same configuration" means one thing across the suite.
 
-CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "precision", "batch_per_device", "data", "loader",
-               "decode", "device_type", "hardware", "options", "cudnn_benchmark", "nnodes")
+CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "seq_len", "optimizer", "precision", "batch_per_device",
+               "data", "loader", "decode", "device_type", "hardware", "options", "cudnn_benchmark", "nnodes")
 
 
 def hardware(rec: dict) -> str:
@@ -316,6 +320,8 @@ def config_key(rec: dict) -> tuple:
     values = {k: rec.get(k) for k in CONFIG_KEYS}
     values["hardware"] = hardware(rec)
     values["nnodes"] = rec.get("nnodes") or 1
+    # records from before --optimizer trained the torchvision models with SGD
+    values["optimizer"] = rec.get("optimizer") or workloads.default_optimizer(str(rec.get("model")))
     if rec.get("data") not in (None, "synthetic"):  # records from before --loader read with torchvision on the CPU
         values["loader"], values["decode"] = rec.get("loader") or "torchvision", rec.get("decode") or "cpu"
     values["options"] = json.dumps(rec.get("options") or {}, sort_keys=True)

@@ -9,6 +9,8 @@ judge alike.
 """
 from __future__ import annotations
 
+from bench.core import workloads
+
 # ---------------------------------------------------------------------------------------------------
 # The thresholds (README: the table under "Warnings" says why each was chosen).
 
@@ -179,15 +181,15 @@ def config_warnings(recs: list[dict], key=None) -> list[dict]:
     return out
 
 
-def same_computation(who: str, thr: float, single_thr: float, unit: str, key=None) -> dict | None:
+def same_computation(who: str, thr: float, single_thr: float, unit: str, key=None, rate: str = "img/s") -> dict | None:
     """A backend at world size 1 against single@1 (the same computation): a warning when they are far apart."""
     if not thr or not single_thr:
         return None
     ratio = thr / single_thr
     if 1 / SAME_COMPUTATION_RATIO <= ratio <= SAME_COMPUTATION_RATIO:
         return None
-    return warning(SAME_COMPUTATION, who, f"{thr:,.1f} img/s is {ratio:.2f}x single at 1 {unit} ({single_thr:,.1f} "
-                   f"img/s), yet at world size 1 both train the same model on one device (limit "
+    return warning(SAME_COMPUTATION, who, f"{thr:,.1f} {rate} is {ratio:.2f}x single at 1 {unit} ({single_thr:,.1f} "
+                   f"{rate}), yet at world size 1 both train the same model on one device (limit "
                    f"{SAME_COMPUTATION_RATIO:g}x either way)", "throughput", key)
 
 
@@ -245,7 +247,8 @@ def sweep_warnings(records: list[dict]) -> list[dict]:
         if r["world_size"] != 1 or r["backend"] == "single":
             continue
         unit = "GPU" if r.get("device_type") == "cuda" else "CPU worker"
-        w = same_computation(subject(r), medians[key], singles.get(_same_key(r, "single")), unit, key)
+        w = same_computation(subject(r), medians[key], singles.get(_same_key(r, "single")), unit, key,
+                             f"{workloads.sample_unit(r)}/s")
         if w:
             out.append(w)
     return out

@@ -7,6 +7,7 @@ import re
 import signal
 from pathlib import Path
 
+from bench.core import workloads
 from bench.core.config import Nodes, RunConfig
 from bench.core.markers import OOM_MARKER, PEER_LOST_MARKER, REFUSED_MARKER
 
@@ -42,7 +43,7 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
         oom = "std::bad_alloc"
     if oom:
         return (f"out of memory: batch {cfg.batch_size} per device ({cfg.global_batch} global), "
-                f"{cfg.model} at {cfg.image_size} px, {cfg.precision}: {oom}")
+                f"{cfg.model} at {workloads.shape(cfg.to_dict())}, {cfg.precision}: {oom}")
     how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
     who = _failed_rank(output)
     first = _first_error(output)

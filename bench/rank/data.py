@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from backends import models
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError
 from bench.rank.loaders.tv import SkippingImageFolder  # the torchvision loader's dataset, re-exported
@@ -130,15 +131,17 @@ class TimedBatches:
         return batch
 
 
-def synthetic(batch: int, image_size: int, device: torch.device, rank: int, channels_last: bool = False):
+def synthetic(batch: int, image_size: int | None, device: torch.device, rank: int, channels_last: bool = False,
+              workload=None):
     """A fixed random batch already on the device, returned forever (as Horovod's synthetic benchmark does).
-    Different on every rank, as real data would be; the same on every run."""
+    Different on every rank, as real data would be; the same on every run. ``workload``: the run's
+    (backends/models); by default a torchvision model's images."""
     gen = torch.Generator().manual_seed(1000 + rank)
-    inputs = torch.randn(batch, 3, image_size, image_size, generator=gen).to(device)
-    if channels_last:
+    inputs, targets = (workload or models.VisionWorkload("", image_size)).batch(batch, gen)
+    inputs = inputs.to(device)
+    if channels_last and inputs.dim() == 4:
         inputs = inputs.contiguous(memory_format=torch.channels_last)
-    targets = torch.randint(0, 1000, (batch,), generator=gen).to(device)
-    return itertools.repeat((inputs, targets))
+    return itertools.repeat((inputs, targets.to(device)))
 
 
 def shard_rank(backend) -> int:
@@ -150,7 +153,8 @@ def batches_for(cfg, backend):
     """The iterator a backend trains from, fed ``backend.feed_batch`` samples per step on ``backend.data_device``."""
     channels_last = bool((cfg.options or {}).get("channels_last"))
     if cfg.data == "synthetic":
-        return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, shard_rank(backend), channels_last)
+        return synthetic(backend.feed_batch, cfg.image_size, backend.data_device, shard_rank(backend), channels_last,
+                         models.for_config(cfg))
     from bench.rank import loaders
 
     feeds = cfg.world_size if backend.launcher == "inproc" else 1  # dp feeds every GPU from one process
@@ -165,24 +169,25 @@ def batches_for(cfg, backend):
 # Evaluation sets and bench verify's batches
 
 class SyntheticEval(torch.utils.data.Dataset):
-    """A fixed, seeded evaluation set: sample i is the same image and label on every rank and every run."""
+    """A fixed, seeded evaluation set: sample i is the same input and target on every rank and every run."""
 
-    def __init__(self, size: int, image_size: int, seed: int = 0):
-        self.size, self.image_size, self.seed = size, image_size, seed
+    def __init__(self, size: int, image_size: int | None, seed: int = 0, workload=None):
+        self.size, self.seed = size, seed
+        self.workload = workload or models.VisionWorkload("", image_size)
 
     def __len__(self):
         return self.size
 
     def __getitem__(self, i):
         gen = torch.Generator().manual_seed(2000 + 1_000_003 * self.seed + i)
-        return (torch.randn(3, self.image_size, self.image_size, generator=gen),
-                int(torch.randint(0, 1000, (1,), generator=gen)))
+        inputs, targets = self.workload.batch(1, gen)
+        return inputs[0], targets[0]
 
 
 def eval_dataset(cfg):
     """The evaluation set of a run: ``cfg.eval_samples`` synthetic samples, or the ImageNet ``val/`` folder."""
     if cfg.data == "synthetic":
-        return SyntheticEval(cfg.eval_samples, cfg.image_size, cfg.seed)
+        return SyntheticEval(cfg.eval_samples, cfg.image_size, cfg.seed, models.for_config(cfg))
     return ValFolder(cfg.data_dir, cfg.image_size)
 
 
@@ -229,8 +234,8 @@ def check_eval(data_dir: str) -> None:
         raise DataError(f"--eval: no labelled images in {val}")
 
 
-def verify_batches(global_batch: int, data_world: int, steps: int, image_size: int, seed: int,
-                   device: torch.device, rank: int | None):
+def verify_batches(global_batch: int, data_world: int, steps: int, image_size: int | None, seed: int,
+                   device: torch.device, rank: int | None, workload=None):
     """bench verify's deterministic data: ``steps`` global batches drawn by DistributedSampler over one seeded
     set. Rank ``rank`` gets exactly the share a DistributedSampler gives it; ``rank=None`` (single and
     DataParallel) gets the whole global batch, ordered as the ranks' shares one after the other, so that
@@ -239,8 +244,7 @@ def verify_batches(global_batch: int, data_world: int, steps: int, image_size: i
 
     share, n = global_batch // data_world, global_batch * steps
     gen = torch.Generator().manual_seed(3000 + seed)
-    images = torch.randn(n, 3, image_size, image_size, generator=gen)
-    labels = torch.randint(0, 1000, (n,), generator=gen)
+    images, labels = (workload or models.VisionWorkload("", image_size)).batch(n, gen)
     shares = {r: list(DistributedSampler(range(n), num_replicas=data_world, rank=r, shuffle=True, seed=seed))
               for r in (range(data_world) if rank is None else [rank])}
     for k in range(steps):

@@ -22,7 +22,8 @@ import itertools
 import time
 
 import torch
-import torch.nn.functional as F
+
+from backends import models
 
 
 def exact_shard(size: int, world_size: int, rank: int) -> list[int]:
@@ -40,6 +41,11 @@ def _padded_shard(size: int, world_size: int, rank: int) -> list[tuple[int, bool
     return [(i, j * world_size + rank < size) for j, i in enumerate(sampler)]
 
 
+def _inputs(x: torch.Tensor, device, dtype) -> torch.Tensor:
+    """The batch on the device, in the dtype DeepSpeed's half model takes when it is images (token ids stay ids)."""
+    return x.to(device, dtype=dtype if x.is_floating_point() else None)
+
+
 def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     """Evaluate ``backend.model`` on this rank's exact shard of ``dataset`` and all-reduce the sums.
 
@@ -55,6 +61,7 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     device = backend.data_device
     input_dtype = backend.input_dtype  # DeepSpeed's fp16/bf16 cast the model, not autocast
     model = backend.model
+    workload = getattr(backend, "workload", None) or models.Workload()  # its per-sample loss and accuracy
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, samples
@@ -68,7 +75,7 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     first = next(batches, None)
     with torch.no_grad():
         if first is not None:  # warm-up, untimed and not counted (module docstring)
-            forward(first[0].to(device, dtype=input_dtype))
+            forward(_inputs(first[0], device, input_dtype))
     for d in backend.devices():
         if d.type == "cuda":
             torch.cuda.synchronize(d)
@@ -77,13 +84,12 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     with torch.no_grad():
         seen = 0
         for item in itertools.chain([] if first is None else [first], batches):
-            images, targets = item[0].to(device, dtype=input_dtype), item[1].to(device)
+            images, targets = _inputs(item[0], device, input_dtype), item[1].to(device)
             keep = keep_all[seen:seen + len(targets)]
             seen += len(targets)
-            out = forward(images)
-            losses = F.cross_entropy(out.float(), targets, reduction="none")
+            losses, correct = workload.per_sample(forward(images), targets)
             sums[0] += losses[keep].sum().double()
-            sums[1] += (out.argmax(dim=1) == targets)[keep].sum()
+            sums[1] += correct[keep].sum().double()
             sums[2] += keep.sum()
     reshard = getattr(model, "reshard", None)
     if callable(reshard):  # FSDP2 leaves the root's parameters unsharded after a forward with no backward

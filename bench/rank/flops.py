@@ -42,25 +42,43 @@ PEAKS = [
 
 
 @lru_cache(maxsize=None)
-def flops_per_sample(model: str, image_size: int) -> float:
-    """Training FLOPs (forward + backward) per image, counted on the meta device."""
+def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = None) -> float:
+    """Training FLOPs (forward + backward) per sample (an image, or a sequence of ``seq_len`` tokens for gpt-<size>:
+    the counter includes attention's), counted on the meta device. A user's model (``pkg.mod:factory``) is not
+    counted: it would be built in this process, on the CPU."""
     import torch
-    import torchvision
     from torch.utils.flop_counter import FlopCounterMode
 
-    extra = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
+    from backends import models
+    from bench.core import workloads
+
+    if workloads.kind(model) == "custom":
+        raise ValueError("a user's model is not counted (it would be built in the harness)")
+    workload = models._workload(model, image_size, seq_len, False)
+    gen = torch.Generator().manual_seed(0)
     with torch.device("meta"):
-        net = torchvision.models.get_model(model, weights=None, num_classes=1000, **extra)
-        x = torch.empty(2, 3, image_size, image_size)  # 2: BatchNorm refuses a batch of one in training
+        if workloads.kind(model) == "vision":
+            extra = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
+            import torchvision
+
+            net = torchvision.models.get_model(model, weights=None, num_classes=1000, **extra)
+        else:
+            net = workload.build()
+    x, y = workload.batch(2, gen)  # 2: BatchNorm refuses a batch of one in training
     with FlopCounterMode(display=False) as counter:
-        net(x).sum().backward()
+        workload.loss(net(x.to("meta")), y.to("meta")).backward()
     return counter.get_total_flops() / 2
 
 
 @lru_cache(maxsize=None)
-def parameter_count(model: str) -> int:
-    """Parameters of the model (1000 classes), counted on the meta device."""
+def parameter_count(model: str, seq_len: int | None = None) -> int:
+    """Parameters of the model (1000 classes for the torchvision ones), counted on the meta device."""
     import torch
+
+    from bench.core import workloads
+
+    if workloads.kind(model) == "language":
+        return workloads.gpt_parameters(model, seq_len or workloads.DEFAULT_SEQ_LEN["cpu"])
     import torchvision
 
     extra = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}

@@ -29,6 +29,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps:
         throughput=thr,
         throughput_ci95=ci,
         per_device_throughput=thr / cfg.world_size,
+        tokens_per_second=thr * cfg.seq_len if cfg.seq_len else None,
         memory=memory,
         memory_imbalance=stats.imbalance([m["peak_reserved_bytes"] for m in memory]),
         replicas_consistent=(len(checksums) == 1) if len(per_rank) > 1 else None,

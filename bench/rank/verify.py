@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from backends import models
 from backends.base import Backend, build_model, device_for
 
 
@@ -36,7 +36,7 @@ class Reference(Backend):
         total = 0.0
         for x, y in parts:
             with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                loss = F.cross_entropy(self.model(x), y)
+                loss = self.workload.loss(self.model(x), y)
             scaled = loss / len(parts)  # the 1/N a data-parallel backend's average applies
             (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             total = total + scaled.detach()
@@ -71,7 +71,7 @@ def run_rank(spec: dict) -> None:
     initial = _flat(backend.full_parameters()) if ref else None
     share = None if backend.launcher == "inproc" else data.shard_rank(backend)
     backend.batches = data.verify_batches(v["global_batch"], v["data_world"], v["steps"], cfg.image_size, cfg.seed,
-                                          backend.data_device, share)
+                                          backend.data_device, share, models.for_config(cfg))
     losses = [float(backend.step().float()) for _ in range(v["steps"])]
     evaluated = evaluate(backend, data.eval_dataset(cfg), backend.feed_batch)
     final = _flat(backend.full_parameters())  # every rank takes part where gathering is collective

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import fmt, label, mark, md_table, slug
+from bench.commands.report.common import fmt, label, mark, md_table, rate, slug
+from bench.core import workloads
 
 BUCKET_MB = 25.0  # DDP's default bucket_cap_mb, for the predictions in the report
 
@@ -33,8 +34,8 @@ def comm_table(ok: list[dict], unit: str) -> list[str]:
             continue
         s = split(r)
         pct = lambda x: None if x is None else f"{100 * x:.1f} %"  # noqa: E731
-        rows.append([label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], "img/s"),
-                     fmt(r.get("compute_only_img_s"), "img/s"), s and f"{s['exposed_ms']:.1f} ms",
+        rows.append([label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], rate(r)),
+                     fmt(r.get("compute_only_img_s"), rate(r)), s and f"{s['exposed_ms']:.1f} ms",
                      s and pct(s["exposed_share"]), s and mark(pct(s["comm_loss"]), r, "comm_loss"),
                      s and mark(pct(s["other_loss"]), r, "other_loss"),
                      r.get("compute_only_keeps") or (None if s else f"not measured: {r.get('compute_only_reason')}")])
@@ -55,10 +56,10 @@ def hardware_table(ok: list[dict], unit: str) -> list[str]:
     rows = [[label(r), r["world_size"], r["precision"], fmt(r["flops_per_sample"] and r["flops_per_sample"] / 1e9, "GFLOP", 2),
              rate(r.get("achieved_tflops_per_device")), fmt(r.get("mfu_pct"), "%"),
              fmt(r.get("joules_per_image"), "J", 3), fmt(r.get("mean_watts"), "W", 0)] for r in ok]
-    return ["**5. Hardware efficiency** (training FLOPs per image from torch.utils.flop_counter; MFU against the "
+    return ["**5. Hardware efficiency** (training FLOPs per sample, an image or a sequence, from torch.utils.flop_counter; MFU against the "
             "device's dense peak at the run's precision, bench/rank/flops.py; energy from NVML's counter around each "
             "window, all GPUs of the run)", "",
-            md_table(["backend", unit, "precision", "FLOPs / image", "achieved per device", "MFU", "energy / image",
+            md_table(["backend", unit, "precision", "FLOPs / sample", "achieved per device", "MFU", "energy / sample",
                       "power (all GPUs)"], rows, {1, 3, 4, 5, 6, 7}), ""]
 
 
@@ -173,7 +174,7 @@ def prediction_section(src: Path) -> list[str]:
             inside = None if m is None else ("yes" if lo - 0.02 <= m <= hi + 0.02 else "no")
             body.append([r["world_size"], f"{1000 * r['t_allreduce']:.1f} ms", f"{100 * lo:.1f} – {100 * hi:.1f} %",
                          None if m is None else f"{100 * m:.1f} %", inside])
-        md += [f"**{inp['model']} {inp['image_size']}px b{inp['batch_per_device']}/device {inp['precision']} on "
+        md += [f"**{inp['model']} {workloads.shape(inp)} b{inp['batch_per_device']}/device {inp['precision']} on "
                f"{inp['hardware']}**: t_compute {1000 * inp['t_compute']:.1f} ms (single@1), gradient "
                f"{inp['grad_bytes'] / 2 ** 20:.1f} MiB in {BUCKET_MB:g} MiB buckets, all_reduce busbw from "
                f"{inp['curve_world_size']} ranks", "",

@@ -8,19 +8,20 @@ import re
 import tempfile
 from pathlib import Path
 
+from bench.core import workloads
 from bench.core.text import md_table  # noqa: F401 (the report's table helper, shared with bench doctor)
 
 GiB = 2 ** 30
 BASELINE = "single"
-BASELINE_MATCH = ("model", "image_size", "precision", "batch_per_device", "data", "loader", "decode", "device_type",
+BASELINE_MATCH = ("model", "image_size", "seq_len", "optimizer", "precision", "batch_per_device", "data", "loader", "decode", "device_type",
                   "hardware")
 OWN_MATCH = BASELINE_MATCH + ("backend", "options")
 KNOB = "cudnn_benchmark"  # matched when the baseline has it, else the default (on)
 SECTION = ("device_type", "hardware")
-WORKLOAD = ("model", "image_size", "batch_per_device", "data")
+WORKLOAD = ("model", "image_size", "seq_len", "optimizer", "batch_per_device", "data")
 ORDER = ("single", "dp", "ddp", "ddp_spawn", "ddp_amp_syncbn", "horovod")  # table order; others follow
 STAR = "★"
-CSV_FIRST = ["device_type", "hardware", "model", "image_size", "batch_per_device", "data", "precision", "backend",
+CSV_FIRST = ["device_type", "hardware", "model", "image_size", "seq_len", "optimizer", "batch_per_device", "data", "precision", "backend",
              "options", "world_size"]
 WITHIN_RUN = "within-run only"
 CPU_CAVEAT = ("**CPU figures.** These numbers come from CPU worker processes over gloo on this host; "
@@ -38,6 +39,17 @@ def flagged(r: dict, *fields: str, kinds: tuple = ()) -> bool:
 def mark(text: str | None, r: dict, *fields: str, kinds: tuple = ()) -> str | None:
     """``text`` with the warning mark when a warning is about that figure."""
     return text + MARK if text is not None and flagged(r, *fields, kinds=kinds) else text
+
+
+def rate(r: dict) -> str:
+    """Throughput's unit for the row's workload: img/s, or seq/s for a sequence model."""
+    return f"{workloads.sample_unit(r)}/s"
+
+
+def workload_title(r: dict) -> str:
+    """``resnet50 224px`` or ``gpt-125m seq 1024 (adamw)``: the optimizer where it is not SGD."""
+    opt = r.get("optimizer")
+    return " ".join(filter(None, [r["model"], workloads.shape(r), f"({opt})" if opt and opt != "sgd" else ""]))
 
 
 def fmt(x, unit: str, digits: int = 1) -> str | None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from bench.commands.report.common import fmt, md_table
+from bench.core import workloads
 
 EXPLAIN = ("Each backend trained {steps} steps of {model} at {image_size} px, batch {batch_size}/device, from one "
            "seed on one sequence of global batches, and was compared with a single-process reference computing "
@@ -58,7 +59,7 @@ def eval_table(ok: list[dict], label) -> list[str]:
             rows.append([label(r), r["world_size"], rec["run_id"], rec["eval_samples"],
                          None if rec["eval_loss"] is None else f"{rec['eval_loss']:.4f}",
                          None if rec["eval_accuracy"] is None else f"{100 * rec['eval_accuracy']:.2f} %",
-                         fmt(rec.get("eval_throughput"), "img/s")])
+                         fmt(rec.get("eval_throughput"), f"{workloads.sample_unit(rec)}/s")])
     if not rows:
         return []
     return ["**Evaluation** (`--eval`: each rank its DistributedSampler shard, padding dropped, sums all-reduced)",

@@ -8,6 +8,8 @@ from pathlib import Path
 from bench.commands.report import caution, comm, verdict
 from bench.commands.report.common import (
     BASELINE,
+    rate,
+    workload_title,
     CPU_CAVEAT,
     KNOB,
     SECTION,
@@ -32,6 +34,7 @@ from bench.commands.report.settings import section as settings_section
 from bench.commands.report.timeline import section as timeline_section
 from bench.commands.report.summary import device_memory
 from bench.commands.report.verdict import duration, epoch_seconds
+from bench.core import workloads
 from bench.core.trust import SAME_COMPUTATION
 
 
@@ -45,7 +48,8 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
     md = ["# Parallel backend comparison", "",
           f"{n_recs} records from `{src}` ({n_ok} ok, {n_recs - n_ok} skipped or failed) in {len(rows)} "
           f"configurations; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", "",
-          "Throughput is global images per second. The run is the statistical unit: a configuration's figure is "
+          "Throughput is global samples per second: images (img/s), or sequences (seq/s) for a language model, whose "
+          "tables also give tokens per second. The run is the statistical unit: a configuration's figure is "
           "the median of its runs' medians, its 95% interval a hierarchical bootstrap (runs, then windows within a "
           "run), and *CV* the run-to-run spread. With one run only the spread between its windows is known: the "
           "interval then says *within-run only* and understates the uncertainty (`bench run --repeat 3`). "
@@ -64,10 +68,12 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
             ok = sort_rows([r for r in wrows if r["runs_ok"]])
             if not ok:  # only skipped/failed runs: they are listed in table 4
                 continue
-            title = (f"{wl[0]} {wl[1]}px, batch {wl[2]}/device, {'/'.join(sorted({r['precision'] for r in ok}))}, "
-                     f"{wl[3]} data")
+            w = dict(zip(WORKLOAD, wl))
+            title = (f"{workload_title(w)}, batch {w['batch_per_device']}/device, "
+                     f"{'/'.join(sorted({r['precision'] for r in ok}))}, {w['data']} data")
             thr = throughput_table(ok, unit)
-            stem = out / "plots" / slug(device, wl[0], f"{wl[1]}px", f"b{wl[2]}", wl[3], hw=hw)
+            stem = out / "plots" / slug(device, w["model"], workloads.shape(w), w["optimizer"], f"b{w['batch_per_device']}",
+                                        w["data"], hw=hw)
             plots = plot_workload(ok, stem, f"{title} · {hw} ({device})", unit, device)
             md += [f"### {title}", "", "**1. Throughput**", "", thr, "", "**2. Scaling efficiency**", "",
                    f"Efficiency = thr(backend, N) / (N × thr(baseline, 1)). *vs single@1*: baseline `{BASELINE}` at "
@@ -85,7 +91,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
             console += ["", title, thr] + caution.lines(ok)
         bad = sorted(((rec, r) for r in srows for rec in r["_recs"] if rec["status"] != "ok"),
                      key=lambda x: str(x[0]["run_id"]))
-        bad_rows = [[r["backend"], r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",
+        bad_rows = [[r["backend"], r["world_size"], f"{workload_title(r)} b{r['batch_per_device']}",
                      r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad]
         md += ["### Skipped and failed runs", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
@@ -133,17 +139,19 @@ def env_header(rows: list[dict]) -> list[str]:
 
 
 def throughput_table(ok: list[dict], unit: str) -> str:
+    language = bool(ok[0].get("seq_len"))  # one workload per table
     def interval(r):
-        text = f"{r['ci95_low_img_s']:,.1f} – {r['ci95_high_img_s']:,.1f} img/s"
+        text = f"{r['ci95_low_img_s']:,.1f} – {r['ci95_high_img_s']:,.1f} {rate(r)}"
         return text + (" (within-run only)" if r["interval"] == WITHIN_RUN else "")
 
     return md_table(
         ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "CV across runs",
-         "per-device throughput", "ImageNet-1k epoch"],
+         "per-device throughput", "global tokens/s" if language else "ImageNet-1k epoch"],
         [[f"**{label(r)}** {STAR}" if r["best_at_world_size"] else label(r), r["world_size"], r["precision"],
-          f"{r['runs_ok']} ({len(r['_samples'])})", mark(fmt(r["global_img_s"], "img/s"), r, "throughput"), interval(r),
-          mark(fmt(r["cv_runs_pct"], "%"), r, "cv"), fmt(r["per_device_img_s"], "img/s"),
-          duration(epoch_seconds(r["global_img_s"]))]
+          f"{r['runs_ok']} ({len(r['_samples'])})", mark(fmt(r["global_img_s"], rate(r)), r, "throughput"), interval(r),
+          mark(fmt(r["cv_runs_pct"], "%"), r, "cv"), fmt(r["per_device_img_s"], rate(r)),
+          fmt(r["global_img_s"] and r["global_img_s"] * r["seq_len"], "tokens/s", 0) if language
+          else duration(epoch_seconds(r["global_img_s"]))]
          for r in ok], {1, 3, 4, 5, 6, 7, 8})
 
 
@@ -154,7 +162,7 @@ def efficiency_table(ok: list[dict], unit: str) -> str:
     extra = ["intra-node efficiency", "inter-node efficiency"] if nodes else []
     return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1",
                      "efficiency vs own@1", *extra],
-                    [[label(r), r["world_size"], r["precision"], mark(fmt(r["global_img_s"], "img/s"), r, "throughput"),
+                    [[label(r), r["world_size"], r["precision"], mark(fmt(r["global_img_s"], rate(r)), r, "throughput"),
                       mark(fmt(r["eff_vs_single_pct"], "%"), r, "eff_vs_single",
                            kinds=(SAME_COMPUTATION,) if r["world_size"] == 1 else ()),
                       mark(fmt(r["eff_vs_own_ws1_pct"], "%"), r, "eff_vs_own")]

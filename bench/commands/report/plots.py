@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label
+from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label, rate
 from bench.commands.report.summary import device_memory
 from bench.core.trust import SAME_COMPUTATION
 
@@ -57,7 +57,7 @@ def _plot_throughput(plt, ok, series, color, unit, device):
         ax.plot([1, top], [b["global_img_s"], top * b["global_img_s"]], "--", color="gray",
                 label=f"ideal linear: N × {label(b)}@1 {b['precision']}")
     _world_size_axis(ax, ok, unit)
-    ax.set_ylabel("global throughput (img/s)")
+    ax.set_ylabel(f"global throughput ({rate(ok[0])})")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=9)
     return fig, f"Throughput vs {unit}: median and 95% interval"

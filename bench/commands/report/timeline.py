@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from bench.commands.report.comm import split
 from bench.commands.report.common import label, md_table, slug
-from bench.core import traces
+from bench.core import traces, workloads
 
 COLORS = {"data": "#8c8c8c", "forward": "#1f77b4", "backward": "#ff7f0e", "all-reduce": "#d62728",
           "optimizer": "#2ca02c", "communication kernels": "#9467bd"}
@@ -36,7 +36,7 @@ def section(rows: list[dict], out: Path) -> list[str]:
     md += agreement(traced)
     for row, rec in traced:
         trace = rec["trace"]
-        title = (f"{label(row)} × {rec['world_size']}, {rec['model']} {rec['image_size']}px b{rec['batch_per_device']} "
+        title = (f"{label(row)} × {rec['world_size']}, {rec['model']} {workloads.shape(rec)} b{rec['batch_per_device']} "
                  f"{rec['precision']} ({rec['device_type']})")
         present = [c for c in COLUMNS if any(c in p for p in trace["phase_ms_per_step"])]
         table = [[rank, *[_ms(p.get(c)) for c in present], _ms(sum(s) / len(s) if s else None)]

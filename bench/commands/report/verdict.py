@@ -10,7 +10,17 @@ Every warning about the group's figures (report/caution.py) is listed with the v
 from __future__ import annotations
 
 from bench.commands.report import caution, comm
-from bench.commands.report.common import BASELINE, SECTION, WITHIN_RUN, WORKLOAD, groups, label, sort_rows
+from bench.commands.report.common import (
+    BASELINE,
+    SECTION,
+    WITHIN_RUN,
+    WORKLOAD,
+    groups,
+    label,
+    rate,
+    sort_rows,
+    workload_title,
+)
 from bench.commands.report.summary import device_memory
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ImageNet-1k (ILSVRC 2012) training set
@@ -59,7 +69,7 @@ def peak_memory(r: dict) -> tuple[float | None, str]:
 
 def evidence(r: dict) -> str:
     """Throughput with its interval, efficiency, memory, exposed communication and the epoch estimate."""
-    parts = [f"{r['global_img_s']:,.1f} img/s (95% interval {r['ci95_low_img_s']:,.1f}–{r['ci95_high_img_s']:,.1f}"
+    parts = [f"{r['global_img_s']:,.1f} {rate(r)} (95% interval {r['ci95_low_img_s']:,.1f}–{r['ci95_high_img_s']:,.1f}"
              + (", within-run only)" if r["interval"] == WITHIN_RUN else f", {r['runs_ok']} runs)")]
     if r["world_size"] > 1 and r["eff_vs_single_pct"] is not None:
         parts.append(f"{r['eff_vs_single_pct']:.0f}% scaling efficiency vs {BASELINE}@1")
@@ -71,7 +81,10 @@ def evidence(r: dict) -> str:
     s = comm.split(r)
     if s:
         parts.append(f"exposed communication {s['exposed_ms']:.1f} ms/step ({100 * s['exposed_share']:.0f}% of the step)")
-    parts.append(f"ImageNet-1k epoch ≈ {duration(epoch_seconds(r['global_img_s']))}")
+    if r.get("seq_len"):
+        parts.append(f"{r['global_img_s'] * r['seq_len']:,.0f} tokens/s")
+    else:
+        parts.append(f"ImageNet-1k epoch ≈ {duration(epoch_seconds(r['global_img_s']))}")
     return ", ".join(parts)
 
 
@@ -100,7 +113,7 @@ def title(r: dict) -> str:
     unit = "GPU" if r["device_type"] == "cuda" else "CPU worker"
     n = r["world_size"]
     nodes = f" over {r['nnodes']} nodes" if (r.get("nnodes") or 1) > 1 else ""
-    return (f"{r['hardware']}, {r['model']} {r['image_size']}px batch {r['batch_per_device']}/device "
+    return (f"{r['hardware']}, {workload_title(r)} batch {r['batch_per_device']}/device "
             f"{r['data']}, {r['precision']}, {n} {unit}{'s' if n > 1 else ''}{nodes}")
 
 

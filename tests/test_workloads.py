@@ -1,0 +1,178 @@
+"""Workloads beyond the torchvision models (README: Workloads): the GPT ladder on synthetic tokens, the optimizer
+choice, activation checkpointing, and the user's own model (tests/user_model.py), through the same harness."""
+import json
+
+import pytest
+import torch
+
+from backends import models
+from backends.base import build_model, checkpoint_blocks, make_optimizer
+from bench.core import results, workloads
+from bench.core.config import RunConfig
+from bench.rank import flops
+from tests.conftest import bench, cli_error, records
+
+
+def cfg_for(model="gpt-micro", **kw):
+    base = dict(backend="single", launcher="inproc", world_size=1, device_type="cpu", model=model, image_size=32,
+                batch_size=2, warmup=2, steps=1, windows=1)
+    return RunConfig(**{**base, **kw}).validate()
+
+
+def test_the_gpt_ladder_has_gpt_3_s_shapes_and_counts_its_parameters():
+    assert list(workloads.GPT_SIZES)[3:] == ["gpt-125m", "gpt-350m", "gpt-760m", "gpt-1.3b", "gpt-2.7b", "gpt-6.7b"]
+    assert workloads.GPT_SIZES["gpt-1.3b"] == (24, 2048, 32, 50304)  # GPT-3 paper, table 2.1 (vocabulary padded)
+    billions = {m: round(workloads.gpt_parameters(m, 2048) / 1e9, 2) for m in list(workloads.GPT_SIZES)[3:]}
+    assert billions == {"gpt-125m": 0.13, "gpt-350m": 0.36, "gpt-760m": 0.76, "gpt-1.3b": 1.32, "gpt-2.7b": 2.65,
+                        "gpt-6.7b": 6.66}
+    for name in ("gpt-micro", "gpt-tiny"):  # the formula is the model's own count (the output layer is tied)
+        model = build_model(cfg_for(name, seq_len=64))
+        assert sum(p.numel() for p in model.parameters()) == workloads.gpt_parameters(name, 64)
+        assert flops.parameter_count(name, 64) == workloads.gpt_parameters(name, 64)
+    assert 5e6 < workloads.gpt_parameters("gpt-tiny", 64) < 6e6  # "a few million" for the CPU tests
+
+
+def test_a_gpt_config_has_tokens_an_optimizer_and_no_images():
+    cfg = cfg_for()
+    assert (cfg.seq_len, cfg.image_size, cfg.optimizer) == (64, None, "adamw")  # CPU default sequence, AdamW default
+    assert cfg_for("resnet18").optimizer == "sgd" and cfg_for("resnet18", optimizer="adamw").optimizer == "adamw"
+    rec = results.skeleton(cfg_for(seq_len=16).to_dict(), "r", {})
+    assert (rec["seq_len"], rec["optimizer"], rec["image_size"], workloads.shape(rec)) == (16, "adamw", None, "seq 16")
+    # the optimizer and the sequence length are part of the configuration; old records trained with SGD
+    assert results.config_key(rec) != results.config_key({**rec, "seq_len": 32})
+    old = results.skeleton(cfg_for("resnet18").to_dict(), "r", {})
+    del old["optimizer"]
+    assert results.config_key(old) == results.config_key(results.skeleton(cfg_for("resnet18").to_dict(), "r", {}))
+
+
+def test_gpt_batches_are_next_token_pairs_and_the_loss_is_cross_entropy_over_tokens():
+    w = models.for_config(cfg_for(seq_len=8))
+    x, y = w.batch(3, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (3, 8) and x.dtype == torch.long and torch.equal(x[:, 1:], y[:, :-1])
+    model = build_model(cfg_for(seq_len=8))
+    out = model(x)
+    assert out.shape == (3, 8, 512)
+    loss = w.loss(out, y)
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(out.reshape(24, 512), y.reshape(24)))
+    assert 5.5 < loss.item() < 7.0  # about ln(512) = 6.24 at initialisation
+    losses, correct = w.per_sample(out, y)
+    assert losses.shape == correct.shape == (3,) and torch.allclose(losses.mean(), loss)
+    # the same model twice from the same seed: identical replicas on every rank
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 build_model(cfg_for(seq_len=8)).state_dict().values()))
+
+
+def test_gpt_flops_count_the_matmuls_and_attention():
+    per_seq = flops.flops_per_sample("gpt-tiny", None, 64)
+    params = workloads.gpt_parameters("gpt-tiny", 64)
+    # 6 x parameters x tokens for the weights (the embedding lookup is no matmul, the tied output layer is),
+    # plus attention's scores and values: between 6ND and 6ND + 12 L T^2 d x 2
+    assert 0.9 * 6 * params * 64 < per_seq < 6 * params * 64 + 24 * 4 * 64 * 64 * 256
+
+
+def test_adamw_and_sgd_are_built_as_stated_for_every_backend_kind():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    adamw = make_optimizer(cfg_for(), p)
+    assert type(adamw) is torch.optim.AdamW and adamw.defaults["betas"] == (0.9, 0.95)
+    assert adamw.defaults["weight_decay"] == 0.1 and adamw.defaults["foreach"] is False  # CPU: the loop, on purpose
+    sgd = make_optimizer(cfg_for("resnet18", device_type="cpu"), p)
+    assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.9
+
+
+def test_activation_checkpointing_recomputes_each_block_in_backward_and_keeps_the_names():
+    plain, ckpt = build_model(cfg_for(seq_len=8)), build_model(cfg_for(seq_len=8))
+    assert checkpoint_blocks(ckpt) == 2 and ckpt._bench_checkpointed == 2
+    assert [n for n, _ in plain.named_parameters()] == [n for n, _ in ckpt.named_parameters()]
+    calls, saved = {"plain": 0, "ckpt": 0}, {"plain": 0, "ckpt": 0}
+    x, y = models.for_config(cfg_for(seq_len=8)).batch(2, torch.Generator().manual_seed(0))
+    for name, model in (("plain", plain), ("ckpt", ckpt)):
+        model.blocks[0].mlp.register_forward_pre_hook(lambda *a, name=name: calls.__setitem__(name, calls[name] + 1))
+        count = lambda t, name=name: saved.__setitem__(name, saved[name] + 1) or t  # noqa: E731
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+            out = model(x)
+        torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten()).backward()
+    assert calls == {"plain": 1, "ckpt": 2}  # the block's forward again, in backward
+    assert saved["ckpt"] * 3 < saved["plain"], saved  # each block keeps its input only
+    for a, b in zip(plain.parameters(), ckpt.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)  # the same gradients
+    with pytest.raises(ValueError, match="--activation-checkpointing: Linear has no blocks to checkpoint"):
+        checkpoint_blocks(torch.nn.Linear(2, 2))
+
+
+def test_fsdp2_shards_a_transformer_block_by_block():
+    from backends import fsdp2
+
+    model = build_model(cfg_for(seq_len=8))
+    assert fsdp2.blocks(model) == list(model.blocks)
+
+
+def test_the_user_model_contract():
+    w = models.for_config(cfg_for("tests.user_model:factory"))
+    torch.manual_seed(0)
+    a = w.build()
+    torch.manual_seed(0)
+    b = w.build()
+    assert a is not b and all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))  # seeded builds
+    assert models.find_blocks(a) == [a[0], a[2], a[4]]
+    x, y = w.batch(5, torch.Generator().manual_seed(1))
+    assert x.shape == (5, 32) and y.shape == (5,) and w.loss(a(x), y).item() > 0
+    with pytest.raises(TypeError, match=r"--model tests.user_model:broken: the factory must return a torch.nn.Module "
+                                        r"as `model` and a `batch\(n, generator\)` function \(got dict\)"):
+        models.for_config(cfg_for("tests.user_model:broken"))
+    with pytest.raises(TypeError, match="--model tests.user_model:nothing: tests.user_model has no callable 'nothing'"):
+        models.for_config(cfg_for("tests.user_model:nothing"))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "gpt-huge"], "bench: error: unknown GPT size 'gpt-huge'; choose from gpt-micro, gpt-tiny, "),
+    (["--model", "resnet18", "--seq-len", "64"], "bench: error: --seq-len is for the gpt-<size> models; resnet18 is "
+                                                 "not one"),
+    (["--model", "gpt-micro", "--seq-len", "0"], "bench: error: seq-len must be a positive integer, got 0"),
+    (["--model", "gpt-micro", "--optimizer", "lamb"], "bench: error: unknown optimizer 'lamb'; choose from sgd, adamw"),
+    (["--model", ":factory"], "bench: error: --model ':factory': your own model is package.module:factory"),
+])
+def test_bad_workload_input_is_one_line(results_dir, args, message, capsys):
+    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", 1, "--device", "cpu", *args,
+                          "--results", results_dir)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(message), err
+
+
+@pytest.mark.slow
+def test_the_tiny_gpt_passes_verify_with_adamw_on_every_backend_at_two_ranks(tmp_path):
+    proc = bench("verify", "--device", "cpu", "--model", "gpt-micro", "--seq-len", 16, "--batch-size", 2, "--steps",
+                 4, "--eval-samples", 9, "--gpus", 2, "--results", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = (tmp_path / "verify").glob("summary-*.json")
+    rows = {r["backend"]: r for r in json.loads(path.read_text())["rows"]}
+    cpu_skips = {"dp", "ddp_amp_syncbn"}  # no CPU replicas; SyncBatchNorm refuses CPU modules
+    assert set(rows) == set(__import__("backends").names()) - {"single"}
+    for name, row in rows.items():
+        assert row["verdict"] == ("skipped" if name in cpu_skips else "pass"), row
+        if name not in cpu_skips:
+            assert row["eval_samples"] == 9 and row["param_distance"] < 1e-3, row
+    assert "gpt-micro seq 16, adamw, batch 2/device" in proc.stdout
+    assert "BatchNorm normalises" not in proc.stdout  # a transformer has no BatchNorm
+
+
+@pytest.mark.slow
+def test_a_user_model_and_a_checkpointed_gpt_train_on_two_ranks_with_identical_replicas(tmp_path):
+    raw = tmp_path / "raw"
+    user = bench("run", "--backends", "fsdp2", "--gpus", 2, "--device", "cpu", "--model",
+                 "tests.user_model:factory", "--batch-size", 4, "--warmup", 2, "--steps", 2, "--windows", 2,
+                 "--results", raw)
+    gpt = bench("run", "--backends", "ds_zero3", "--gpus", 2, "--device", "cpu", "--model", "gpt-micro", "--seq-len",
+                16, "--batch-size", 2, "--warmup", 2, "--steps", 2, "--windows", 2, "--activation-checkpointing",
+                "--results", raw)
+    assert user.returncode == 0 and gpt.returncode == 0, user.stdout + user.stderr + gpt.stdout + gpt.stderr
+    recs = {(r["model"], r["backend"]): r for r in records(raw)}
+    for key in (("tests.user_model:factory", "fsdp2"), ("gpt-micro", "ds_zero3")):
+        rec = recs[key]
+        assert rec["status"] == "ok" and rec["replicas_consistent"] is True, rec
+    mine = recs[("tests.user_model:factory", "fsdp2")]
+    assert mine["flops_per_sample"] is None and mine["optimizer"] == "adamw"  # not counted in the harness
+    z3 = recs[("gpt-micro", "ds_zero3")]
+    assert z3["options"] == {"activation_checkpointing": True}
+    assert z3["backend_info"]["activation_checkpointing_blocks"] == 2
+    assert z3["tokens_per_second"] == pytest.approx(z3["throughput"] * 16)
+    assert "sample/s global" in user.stdout and "tokens/s global" in gpt.stdout

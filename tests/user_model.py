@@ -1,0 +1,20 @@
+"""An example of your own model for ``--model package.module:factory`` (README: Workloads), used by the tests:
+``--model tests.user_model:factory`` from the repository's root. A small classifier on random feature vectors."""
+import torch
+
+
+def factory():
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10))
+
+    def batch(n, generator):
+        """n samples: 32 random features each, and a class out of 10 (drawn from the generator the harness seeds)."""
+        return torch.randn(n, 32, generator=generator), torch.randint(0, 10, (n,), generator=generator)
+
+    # loss: omitted, so cross-entropy; blocks: the modules FSDP2 shards one by one (and checkpointing wraps)
+    return {"model": model, "batch": batch, "blocks": [model[0], model[2], model[4]]}
+
+
+def broken():
+    """A factory that breaks the contract (no batch function): the run fails, and says why."""
+    return {"model": torch.nn.Linear(2, 2)}
