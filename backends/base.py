@@ -170,6 +170,17 @@ class Backend:
             "activation_checkpointing_blocks": getattr(self.module, "_bench_checkpointed", 0),
         }
 
+    def state_bytes(self) -> dict:
+        """The training state this rank holds, in bytes, read from its own tensors (after a step): ``parameters``
+        (a sharded backend's local shard: FSDP2's DTensor shards, ZeRO-3's partitions), ``gradients`` (None where the
+        backend keeps them in buffers of its own: DeepSpeed) and ``optimizer_state`` (the optimizer's state, and a
+        backend's own fp32 master copies, of this rank's share). What the memory-size question is about: sharded
+        backends hold less of it per rank."""
+        params = [local(p) for p in unique(self.module.parameters())]
+        grads = [local(p.grad) for p in unique(self.module.parameters()) if p.grad is not None]
+        return {"parameters": nbytes(params), "gradients": nbytes(grads),
+                "optimizer_state": nbytes(local(t) for t in optimizer_tensors(self.optimizer))}
+
     # -- shared building blocks ----------------------------------------------------------------------
     def init_training(self, cfg, model: torch.nn.Module, feed_batch: int, data_device=None) -> None:
         """Optimizer and precision for ``model``; ``feed_batch`` samples per step arrive on ``data_device``
@@ -222,6 +233,36 @@ class Backend:
             else:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
+
+
+def unique(tensors) -> list:
+    out, seen = [], set()
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` this rank holds: a DTensor's local shard (FSDP2), a ZeRO-3 parameter's partition."""
+    if hasattr(t, "ds_tensor"):
+        return t.ds_tensor
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    """Every tensor in the state of the torch optimizer inside ``optimizer`` (ZeroRedundancyOptimizer's ``optim``,
+    DeepSpeed's ``optimizer``; Horovod's is the optimizer itself)."""
+    inner = optimizer
+    for attr in ("optim", "optimizer"):
+        while isinstance(getattr(inner, attr, None), torch.optim.Optimizer):
+            inner = getattr(inner, attr)
+    return unique(v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor))
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

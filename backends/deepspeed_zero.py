@@ -129,6 +129,18 @@ class DeepSpeedZero(DDP):
                         cast += 1
         return cast
 
+    def state_bytes(self):
+        """ZeRO's own accounting: the optimizer state and the fp32 master partitions it keeps beside the model's
+        parameters (stages 1-2: ``single_partition_of_fp32_groups``; stage 3: ``fp32_partitioned_groups_flat``);
+        its gradients live in its own buffers (not counted)."""
+        from backends.base import local, nbytes, optimizer_tensors, unique
+
+        masters = list(getattr(self.optimizer, "single_partition_of_fp32_groups", None)
+                       or getattr(self.optimizer, "fp32_partitioned_groups_flat", None) or [])
+        params = [local(p) for p in unique(self.module.parameters())]
+        return {"parameters": nbytes(params), "gradients": None,
+                "optimizer_state": nbytes(unique(optimizer_tensors(self.optimizer) + masters))}
+
     def forward_loss(self):
         with self.phase("data"):
             inputs, targets = next(self.batches)

@@ -54,6 +54,17 @@ def test_new_backends_train_with_identical_full_replicas(new_backends):
         assert [set(p) for p in rec["trace"]["phase_ms_per_step"]] == \
             [{"data", "forward", "backward", "optimizer", "other"} | own] * 2, name
     assert new_backends["ddp_zero"]["compute_only"]["keeps"].startswith("ZeroRedundancyOptimizer's broadcast")
+    # what each rank holds, read from its own tensors: ZeRO-3 and FSDP2 shard the parameters over the 2 ranks, the
+    # others keep a full replica (allreduce_manual: as DDP does); resnet18's 11.7 M fp32 parameters
+    full = new_backends["allreduce_manual"]["state_bytes"]
+    assert [s["parameters"] for s in full] == [4 * 11_689_512] * 2 and full[0]["gradients"] == 4 * 11_689_512
+    for name in ("fsdp2", "ds_zero3"):
+        held = [s["parameters"] for s in new_backends[name]["state_bytes"]]
+        assert sum(held) == pytest.approx(4 * 11_689_512, rel=1e-3) and max(held) < 0.51 * 4 * 11_689_512, (name, held)
+    for name in ("ds_zero1", "ds_zero2", "ddp_zero"):
+        assert [s["parameters"] for s in new_backends[name]["state_bytes"]] == [4 * 11_689_512] * 2, name
+    # SGD's momentum: ddp_zero keeps its share of it, the replicas all of it
+    assert max(s["optimizer_state"] for s in new_backends["ddp_zero"]["state_bytes"]) < 0.6 * full[0]["optimizer_state"]
 
 
 @pytest.mark.slow
@@ -71,8 +82,8 @@ def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason(resu
         1.0, True, True, "fp16")
     assert recs["fsdp2"]["status"] == "skipped"
     assert recs["fsdp2"]["reason"] == ("fsdp2 cannot honour --ddp-bucket-mb, --ddp-comm-hook, "
-                                       "--ddp-grad-as-bucket-view, --ddp-static-graph (it honours: --channels-last, "
-                                       "--compile)")
+                                       "--ddp-grad-as-bucket-view, --ddp-static-graph (it honours: "
+                                       "--activation-checkpointing, --channels-last, --compile)")
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ def test_out_of_memory_is_recorded_as_such(results_dir):
     assert recs[("ddp", 1)]["status"] == "ok"  # no rank 1 there
     oom = recs[("ddp", 2)]
     assert oom["status"] == "failed"
-    assert oom["reason"].startswith("out of memory: batch 2 per device (4 global), resnet18 at 32 px, fp32: "
+    assert oom["reason"].startswith("out of memory: batch 2 per device (4 global), resnet18 at 32px, fp32: "
                                     "CUDA out of memory. Tried to allocate 20.00 GiB")
     assert not _leftovers(results_dir)
 

@@ -20,9 +20,9 @@ def cfg_for(model="gpt-micro", **kw):
 
 
 def test_the_gpt_ladder_has_gpt_3_s_shapes_and_counts_its_parameters():
-    assert list(workloads.GPT_SIZES)[3:] == ["gpt-125m", "gpt-350m", "gpt-760m", "gpt-1.3b", "gpt-2.7b", "gpt-6.7b"]
+    assert list(workloads.GPT_SIZES)[4:] == ["gpt-125m", "gpt-350m", "gpt-760m", "gpt-1.3b", "gpt-2.7b", "gpt-6.7b"]
     assert workloads.GPT_SIZES["gpt-1.3b"] == (24, 2048, 32, 50304)  # GPT-3 paper, table 2.1 (vocabulary padded)
-    billions = {m: round(workloads.gpt_parameters(m, 2048) / 1e9, 2) for m in list(workloads.GPT_SIZES)[3:]}
+    billions = {m: round(workloads.gpt_parameters(m, 2048) / 1e9, 2) for m in list(workloads.GPT_SIZES)[4:]}
     assert billions == {"gpt-125m": 0.13, "gpt-350m": 0.36, "gpt-760m": 0.76, "gpt-1.3b": 1.32, "gpt-2.7b": 2.65,
                         "gpt-6.7b": 6.66}
     for name in ("gpt-micro", "gpt-tiny"):  # the formula is the model's own count (the output layer is tied)
@@ -176,3 +176,98 @@ def test_a_user_model_and_a_checkpointed_gpt_train_on_two_ranks_with_identical_r
     assert z3["backend_info"]["activation_checkpointing_blocks"] == 2
     assert z3["tokens_per_second"] == pytest.approx(z3["throughput"] * 16)
     assert "sample/s global" in user.stdout and "tokens/s global" in gpt.stdout
+
+
+# --- bench run --find-max-model -------------------------------------------------------------------------------------
+
+def test_the_model_search_walks_the_ladder_up_to_the_first_size_that_does_not_fit():
+    from bench.commands import _maxmodel
+
+    cfg = cfg_for(seq_len=16)
+    answers = {"gpt-micro": "ok", "gpt-tiny": "ok", "gpt-small": "out of memory: batch 2 ...", "gpt-medium": "ok"}
+    asked = []
+
+    def probe(model):
+        asked.append(model)
+        ok = answers[model] == "ok"
+        return {"status": "ok" if ok else "failed", "reason": None if ok else answers[model], "run_id": model,
+                "state_bytes": [{"parameters": 1}] if ok else None}
+
+    row = _maxmodel.search(cfg, ["gpt-micro", "gpt-tiny", "gpt-small", "gpt-medium"], probe)
+    assert asked == ["gpt-micro", "gpt-tiny", "gpt-small"]  # nothing above the first size that ran out of memory
+    assert (row["max_model"], row["capped"], row["error"]) == ("gpt-tiny", False, None)
+    assert row["max_parameters"] == workloads.gpt_parameters("gpt-tiny", 16)
+    assert [p["result"] for p in row["probes"]] == ["fits", "fits", "out of memory"]
+    assert _maxmodel.describe(row) == "gpt-tiny (5.3 M parameters)"
+    answers["gpt-micro"] = "rank 0 exited with code 1"
+    row = _maxmodel.search(cfg, ["gpt-micro", "gpt-tiny"], probe)
+    assert (row["max_model"], row["error"]) == (None, "rank 0 exited with code 1")
+    assert _maxmodel.describe(row) == "error: rank 0 exited with code 1"
+    answers["gpt-micro"] = "ok"
+    row = _maxmodel.search(cfg, ["gpt-micro", "gpt-tiny"], probe)
+    assert row["capped"] and _maxmodel.describe(row).endswith("the ladder's largest: nothing ran out of memory")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ladder", "gpt-tiny,gpt-micro"], "bench: error: --ladder gpt-tiny,gpt-micro: give each size once, smallest "
+                                         "first"),
+    (["--ladder", "gpt-micro,resnet50"], "bench: error: --ladder 'gpt-micro,resnet50': resnet50; choose GPT sizes "
+                                         "from gpt-micro, "),
+    (["--model", "gpt-tiny"], "bench: error: --find-max-model walks the GPT ladder: give the sizes with --ladder, "
+                              "not --model gpt-tiny"),
+    (["--find-max-batch"], "bench: error: --find-max-model runs no timed run; search one thing at a time"),
+])
+def test_bad_model_search_input_is_one_line(results_dir, args, message, capsys):
+    code, err = cli_error(capsys, "run", "--find-max-model", "--backends", "ddp", "--gpus", 2, "--device", "cpu",
+                          *args, "--results", results_dir)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(message), err
+    code, err = cli_error(capsys, "run", "--ladder", "gpt-micro", "--device", "cpu", "--results", results_dir)
+    assert code == 2 and err.strip() == "bench: error: --ladder is for --find-max-model"
+
+
+@pytest.mark.slow
+def test_find_max_model_on_two_ranks_measures_the_shards_and_the_report_shows_them(tmp_path):
+    from tests.test_report import make, run_report, write
+
+    raw = tmp_path / "raw"
+    proc = bench("run", "--find-max-model", "--backends", "ddp,fsdp2", "--gpus", 2, "--device", "cpu", "--ladder",
+                 "gpt-micro,gpt-tiny", "--seq-len", 16, "--batch-size", 2, "--memory-limit-gib", 2, "--results", raw)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = (raw / "maxmodel").glob("summary-*.json")
+    doc = json.loads(path.read_text())
+    rows = {r["backend"]: r for r in doc["rows"]}
+    assert doc["ladder"] == ["gpt-micro", "gpt-tiny"] and doc["memory_limit_gib"] == 2
+    for row in rows.values():
+        assert (row["max_model"], row["capped"], row["optimizer"], row["seq_len"]) == ("gpt-tiny", True, "adamw", 16)
+    ddp, fsdp2 = (rows[b]["probes"][-1]["state_bytes"] for b in ("ddp", "fsdp2"))
+    params = workloads.gpt_parameters("gpt-tiny", 16)
+    # DDP: the whole model on each rank, its gradient, AdamW's two moments; FSDP2: half of each, per rank
+    assert [s["parameters"] for s in ddp] == [4 * params] * 2 and ddp[0]["optimizer_state"] >= 8 * params
+    assert max(s["parameters"] for s in fsdp2) < 0.55 * 4 * params
+    assert max(s["optimizer_state"] for s in fsdp2) < 0.55 * ddp[0]["optimizer_state"]
+    assert "largest model that trains: gpt-tiny (5.3 M parameters), the ladder's largest" in proc.stdout
+    out = tmp_path / "rep"
+    write(tmp_path, make("ddp", 2, 100.0, device="cpu"))  # a report needs a timed record beside the summary
+    assert run_report(raw, out)[0] == 0
+    md = (out / "REPORT.md").read_text()
+    section = md.split("## Largest model that trains (bench run --find-max-model)")[1]
+    assert "| ddp | 2 | fp32 | gpt-tiny (5.3 M parameters), the ladder's largest: nothing ran out of memory | 0.020 |" \
+        in section and "![max model](plots/maxmodel-" in section
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpt_on_a_gpu_has_its_memory_broken_down_with_activations(tmp_path):
+    """On a GPU: tokens/s, MFU from the FLOP counter, and the per-rank breakdown with the rest of the peak
+    (activations and buffers) measured against the device's peak allocated bytes."""
+    proc = bench("run", "--backends", "ddp,fsdp2", "--gpus", 1, "--device", "cuda", "--model", "gpt-tiny", "--seq-len",
+                 256, "--batch-size", 8, "--warmup", 3, "--steps", 3, "--windows", 2, "--results", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rec in records(tmp_path):
+        [state] = rec["state_bytes"]
+        params = workloads.gpt_parameters("gpt-tiny", 256)
+        assert state["parameters"] == 4 * params and state["optimizer_state"] == 8 * params, rec["backend"]
+        assert state["activations"] > 0 and rec["tokens_per_second"] == pytest.approx(rec["throughput"] * 256)
+        assert rec["flops_per_sample"] == pytest.approx(flops.flops_per_sample("gpt-tiny", None, 256))
+        assert rec["mfu"] is None or 0 < rec["mfu"] < 1

@@ -76,6 +76,11 @@ def add_run_arguments(r) -> None:
     r.add_argument("--find-max-batch", action="store_true",
                    help="instead of timing, find each backend's largest per-device batch that fits (bounded search "
                         "of short isolated runs; records in RESULTS/maxbatch)")
+    r.add_argument("--find-max-model", action="store_true",
+                   help="instead of timing, find each backend's largest model of the GPT ladder that trains at the "
+                        "per-device batch (short isolated runs; records in RESULTS/maxmodel)")
+    r.add_argument("--ladder", help="--find-max-model: the GPT sizes to walk, smallest first (default gpt-125m to "
+                                    "gpt-6.7b on GPU, gpt-micro to gpt-medium on CPU)")
     r.add_argument("--max-batch", type=int, help="--find-max-batch: the search's cap (default 4096 on GPU, 256 on CPU)")
     r.add_argument("--memory-limit-gib", type=float,
                    help="CPU only: give each rank a heap budget of this many GiB (the CPU stand-in for GPU memory)")

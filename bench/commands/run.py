@@ -12,7 +12,7 @@ import backends
 from bench.commands import _nodes
 from bench.commands._plan import add_run_arguments, check_writable, horovod_info, interleave, loader_unavailable, plan
 from bench.core import traces, workloads
-from bench.core.devices import usable_cpus
+from bench.core.devices import detect_device, usable_cpus
 from bench.core.errors import UsageError, warn
 from bench.core.trust import OTHERS_CPU_SHARE
 
@@ -51,6 +51,19 @@ def cmd_run(args) -> int:
     if trace and args.find_max_batch:
         raise UsageError("--trace profiles timed runs; --find-max-batch runs none (trace the batch it finds with "
                          "bench run --batch-size B --trace)")
+    if args.find_max_model and (args.find_max_batch or trace):
+        raise UsageError(f"--find-max-model runs no timed run{': it cannot go with --trace' if trace else ''}"
+                         f"{'; search one thing at a time: --find-max-model or --find-max-batch' if args.find_max_batch else ''}")
+    if args.find_max_model:
+        from bench.commands import _maxmodel
+
+        if args.model:
+            raise UsageError(f"--find-max-model walks the GPT ladder: give the sizes with --ladder, not --model "
+                             f"{args.model}")
+        sizes = _maxmodel.ladder(args.ladder, detect_device(args.device)[0])
+        args.model = sizes[0]  # the plan's workload: the ladder's first size, the others probed from it
+    elif args.ladder:
+        raise UsageError("--ladder is for --find-max-model")
     configs, notes = plan(args)
     if not configs:
         raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
@@ -61,6 +74,8 @@ def cmd_run(args) -> int:
         raise UsageError("--resume cannot be used with --nnodes: every node must run the same sweep in the same order")
     if args.find_max_batch:
         return find_max_batch(args, configs, notes)
+    if args.find_max_model:
+        return find_max_model(args, configs, notes, sizes)
     configs = interleave(configs, args.repeat or 1)
     results_dir = Path(args.results)
     check_writable(results_dir)
@@ -124,6 +139,24 @@ def find_max_batch(args, configs, notes) -> int:
     env_meta = results.collect_env(horovod=horovod_info(configs))
     rows = maxbatch.run([c for c in configs if c.cudnn_benchmark is not False], results_dir, env_meta, cap,
                         args.memory_limit_gib, lambda line: print(line, flush=True))
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+def find_max_model(args, configs, notes, sizes) -> int:
+    from bench.commands import _maxmodel
+    from bench.core import results
+
+    device = configs[0].device_type
+    if args.memory_limit_gib is not None and (device == "cuda" or args.memory_limit_gib <= 0):
+        raise UsageError(f"--memory-limit-gib {args.memory_limit_gib:g}: a positive number of GiB, for CPU runs only "
+                         "(on GPUs the device's memory is the limit)")
+    results_dir = Path(args.results)
+    check_writable(results_dir)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    env_meta = results.collect_env(horovod=horovod_info(configs))
+    rows = _maxmodel.run([c for c in configs if c.cudnn_benchmark is not False], sizes, results_dir, env_meta,
+                         args.memory_limit_gib, lambda line: print(line, flush=True))
     return 1 if any(r["error"] for r in rows) else 0
 
 

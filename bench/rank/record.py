@@ -30,6 +30,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps:
         throughput_ci95=ci,
         per_device_throughput=thr / cfg.world_size,
         tokens_per_second=thr * cfg.seq_len if cfg.seq_len else None,
+        state_bytes=state_fields(per_rank, memory),
         memory=memory,
         memory_imbalance=stats.imbalance([m["peak_reserved_bytes"] for m in memory]),
         replicas_consistent=(len(checksums) == 1) if len(per_rank) > 1 else None,
@@ -101,6 +102,23 @@ def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:
     peak, source = flops.peak_tflops(device, cfg.precision, cfg.peak_tflops)
     return {"flops_per_sample": per_sample, "peak_tflops_per_device": peak, "peak_tflops_source": source,
             "mfu": flops.mfu(per_sample, throughput, peak, cfg.world_size)}
+
+
+def state_fields(per_rank: list[dict], memory: list[dict]) -> list[dict] | None:
+    """Each rank's training state in bytes (``Backend.state_bytes``) and, on GPUs, ``activations``: the timed
+    windows' peak allocated bytes on the rank's device minus that state (what a step needs beyond it: activations,
+    temporary buffers, communication buckets)."""
+    if not any(r.get("state_bytes") for r in per_rank):
+        return None
+    peaks = {m["rank"]: m.get("peak_allocated_bytes") for m in memory}
+    out = []
+    for r in per_rank:
+        s = dict(r.get("state_bytes") or {})
+        held = sum(v for v in s.values() if v)
+        peak = peaks.get(r["rank"])
+        s["activations"] = peak - held if peak is not None and len(memory) == len(per_rank) else None
+        out.append(s)
+    return out
 
 
 def trace_fields(per_rank: list[dict]) -> dict | None:

@@ -73,6 +73,7 @@ def run(spec: dict) -> None:
     lifeline.set_phase("after the windows")
     fault.after_training(backend)
     memory, host_rss = memory_stats(backend), host_peak_rss()  # before evaluation: the timed windows' peaks
+    state = backend.state_bytes()  # what this rank holds after a step: parameters, gradients, optimizer state
     if cfg.eval:
         lifeline.set_phase("evaluation")
     evaluated = evaluate(backend, data.eval_dataset(cfg), backend.feed_batch,
@@ -118,6 +119,7 @@ def run(spec: dict) -> None:
         "loader_workers": getattr(backend, "loader_workers", None),
         "warmup_step_seconds": warmup_seconds,
         "trace": trace,
+        "state_bytes": state,
         "profiler_in_windows": timed["profiler"] or bool(compute_only and compute_only["profiler"]),
     }
     lifeline.set_phase("gathering the record")

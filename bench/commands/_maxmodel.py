@@ -1,0 +1,113 @@
+"""``bench run --find-max-model``: for each backend and world size, the largest model of the GPT ladder that trains
+at the configured per-device batch, found with isolated runs (each its own process tree, so one out-of-memory never
+poisons the next probe): the question sharded backends exist to answer.
+
+The ladder is walked upwards (``--ladder``; by default GPT-3's sizes on GPUs, gpt-micro to gpt-medium on CPUs); a
+probe is a short run (the backend's minimum warm-up, one timed step) that "fits" when it finishes ok. The walk stops
+at the first size that runs out of memory; any other failure stops it with the reason. Each probe that fits keeps
+its per-rank memory breakdown (the record's ``state_bytes``: parameters, gradients and optimizer state read from the
+rank's own tensors, and on GPUs the rest of the peak: activations and buffers).
+
+On CPUs nothing runs out of memory unless ``--memory-limit-gib G`` gives every rank a heap budget (as for
+``--find-max-batch``): the CPU stand-in for a GPU's memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from bench.commands._maxbatch import OOM
+from bench.core import workloads
+from bench.core.errors import UsageError
+
+LADDERS = {"cuda": ["gpt-125m", "gpt-350m", "gpt-760m", "gpt-1.3b", "gpt-2.7b", "gpt-6.7b"],
+           "cpu": ["gpt-micro", "gpt-tiny", "gpt-small", "gpt-medium"]}
+
+
+def ladder(text: str | None, device_type: str) -> list[str]:
+    """The sizes to walk, smallest first (``--ladder a,b,c``, or the device's default)."""
+    names = [n.strip() for n in text.split(",") if n.strip()] if text else LADDERS[device_type]
+    bad = [n for n in names if n not in workloads.GPT_SIZES]
+    if bad or not names:
+        raise UsageError(f"--ladder {text!r}: {', '.join(bad) or 'empty'}; choose GPT sizes from "
+                         f"{', '.join(workloads.GPT_SIZES)}")
+    size = lambda n: workloads.gpt_parameters(n, 1)  # noqa: E731
+    if [size(n) for n in names] != sorted(size(n) for n in names) or len(set(names)) < len(names):
+        raise UsageError(f"--ladder {text}: give each size once, smallest first")
+    return names
+
+
+def search(cfg, sizes: list[str], probe) -> dict:
+    """Walk ``sizes`` upwards with ``probe(model) -> record`` until one does not fit."""
+    tried, best = [], None
+    for model in sizes:
+        rec = probe(model)
+        status = "fits" if rec["status"] == "ok" else OOM if str(rec.get("reason", "")).startswith(OOM) else "error"
+        tried.append({"model": model, "parameters": workloads.gpt_parameters(model, cfg.seq_len), "result": status,
+                      "run_id": rec["run_id"], "reason": rec.get("reason"), "state_bytes": rec.get("state_bytes"),
+                      "memory": rec.get("memory"), "host_peak_rss_bytes": rec.get("host_peak_rss_bytes")})
+        if status != "fits":
+            break
+        best = model
+    last = tried[-1]
+    return {"backend": cfg.backend, "world_size": cfg.world_size, "precision": cfg.precision,
+            "optimizer": cfg.optimizer, "seq_len": cfg.seq_len, "batch_per_device": cfg.batch_size,
+            "device_type": cfg.device_type, "options": cfg.options, "max_model": best,
+            "max_parameters": workloads.gpt_parameters(best, cfg.seq_len) if best else None,
+            "capped": last["result"] == "fits", "error": last["reason"] if last["result"] == "error" else None,
+            "probes": tried}
+
+
+def run(configs, sizes: list[str], results_dir: Path, env_meta: dict, memory_limit_gib: float | None,
+        say) -> list[dict]:
+    """Search every configuration; probe records go to RESULTS/maxmodel, and one summary file beside them."""
+    import backends
+    from bench import launch
+    from bench.core import results
+    from bench.core.config import MIN_WARMUP
+
+    out = results_dir / "maxmodel"
+    rows = []
+    for i, cfg in enumerate(configs, 1):
+        backend = backends.create(cfg.backend)
+        reason = backend.unavailable(cfg)
+        if reason:
+            rows.append({**search_row_skipped(cfg), "skipped": reason})
+            say(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size}: skipped: {reason}")
+            continue
+        least = max(MIN_WARMUP, backend.min_warmup(cfg)[0])
+
+        def probe(model, cfg=cfg, backend=backend, least=least):
+            short = dataclasses.replace(cfg, model=model, warmup=least, steps=1, windows=1, eval=False,
+                                        flops_per_sample=None)
+            rec = launch.run_one(short, out, env_meta, backend, memory_limit_gib=memory_limit_gib)
+            say(f"    {model}: {'fits' if rec['status'] == 'ok' else rec['reason'][:120]}")
+            return rec
+
+        say(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size} {cfg.precision}: {', '.join(sizes)} at batch "
+            f"{cfg.batch_size}/device, seq {cfg.seq_len}, {cfg.optimizer}")
+        row = search(cfg, sizes, probe)
+        say(f"    largest model that trains: {describe(row)}")
+        rows.append(row)
+    doc = {"schema": 1, "kind": "maxmodel", "created_at": results.utc_now(), "ladder": sizes,
+           "memory_limit_gib": memory_limit_gib, "env": env_meta, "rows": rows}
+    results.write_json_atomic(doc, out / f"summary-{results.new_run_id('maxmodel', len(rows))}.json")
+    return rows
+
+
+def search_row_skipped(cfg) -> dict:
+    return {"backend": cfg.backend, "world_size": cfg.world_size, "precision": cfg.precision,
+            "optimizer": cfg.optimizer, "seq_len": cfg.seq_len, "batch_per_device": cfg.batch_size,
+            "device_type": cfg.device_type, "options": cfg.options, "max_model": None, "max_parameters": None,
+            "capped": False, "error": None, "probes": []}
+
+
+def describe(row: dict) -> str:
+    if row.get("skipped"):
+        return f"skipped: {row['skipped']}"
+    size = f"{row['max_model']} ({row['max_parameters'] / 1e6:,.1f} M parameters)" if row["max_model"] else None
+    if row["error"]:
+        return f"error: {row['error']}" + (f" (fits {size})" if size else "")
+    if size is None:
+        return "not even the smallest size fits"
+    return f"{size}, the ladder's largest: nothing ran out of memory" if row["capped"] else size
