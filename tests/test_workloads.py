@@ -271,3 +271,19 @@ def test_a_gpt_on_a_gpu_has_its_memory_broken_down_with_activations(tmp_path):
         assert state["activations"] > 0 and rec["tokens_per_second"] == pytest.approx(rec["throughput"] * 256)
         assert rec["flops_per_sample"] == pytest.approx(flops.flops_per_sample("gpt-tiny", None, 256))
         assert rec["mfu"] is None or 0 < rec["mfu"] < 1
+
+
+def test_the_report_reads_the_newest_readable_model_search_and_says_which_it_skipped(tmp_path):
+    from bench.commands.report import maxmodel
+
+    folder = tmp_path / "maxmodel"
+    folder.mkdir()
+    (folder / "summary-1.json").write_text(json.dumps({"schema": 1, "kind": "maxmodel", "rows": [], "ladder": []}))
+    (folder / "summary-2.json").write_text("{half")
+    (folder / "summary-3.json").write_text(json.dumps({"schema": 1, "kind": "maxbatch"}))
+    warned = []
+    doc = maxmodel.latest(tmp_path, warned.append)
+    assert doc["_path"] == str(folder / "summary-1.json")
+    assert warned[0] == f"skipping {folder / 'summary-3.json'}: not a schema-1 max-model summary"
+    assert warned[1].startswith(f"skipping {folder / 'summary-2.json'}: not a readable max-model summary (JSONDecode")
+    assert maxmodel.section(tmp_path / "none", tmp_path, warned.append) == []

@@ -52,6 +52,23 @@ def workload_title(r: dict) -> str:
     return " ".join(filter(None, [r["model"], workloads.shape(r), f"({opt})" if opt and opt != "sgd" else ""]))
 
 
+def latest_summary(src: Path, kind: str, what: str, warn) -> dict | None:
+    """The newest readable schema-1 summary of ``bench run --find-max-batch`` (kind ``maxbatch``) or
+    ``--find-max-model`` (``maxmodel``) in ``src/kind/``, with its path as ``_path``; unreadable ones are skipped
+    with a warning."""
+    for f in reversed(sorted((src / kind).glob("summary-*.json"))):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            warn(f"skipping {f}: not a readable {what} summary ({type(e).__name__}: {e})")
+            continue
+        if isinstance(doc, dict) and doc.get("kind") == kind and doc.get("schema") == 1:
+            doc["_path"] = str(f)
+            return doc
+        warn(f"skipping {f}: not a schema-1 {what} summary")
+    return None
+
+
 def fmt(x, unit: str, digits: int = 1) -> str | None:
     return None if x is None else f"{x:,.{digits}f} {unit}"
 

@@ -6,21 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.commands.report.common import label, md_table
+from bench.commands.report.common import label, latest_summary, md_table
 
 
 def latest(src: Path, warn) -> dict | None:
-    for f in reversed(sorted((src / "maxbatch").glob("summary-*.json"))):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable max-batch summary ({type(e).__name__}: {e})")
-            continue
-        if isinstance(doc, dict) and doc.get("kind") == "maxbatch" and doc.get("schema") == 1:
-            doc["_path"] = str(f)
-            return doc
-        warn(f"skipping {f}: not a schema-1 max-batch summary")
-    return None
+    return latest_summary(src, "maxbatch", "max-batch", warn)
 
 
 def section(src: Path, summary_rows: list[dict], warn) -> list[str]:

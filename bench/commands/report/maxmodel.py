@@ -4,27 +4,16 @@ the world size, and the per-rank memory breakdown of the models that fitted (par
 read from each rank's own tensors; on GPUs the rest of the peak: activations and buffers) as stacked bars."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from bench.commands.report.common import GiB, label, md_table, slug
+from bench.commands.report.common import GiB, label, latest_summary, md_table, slug
 
 PARTS = (("parameters", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer_state", "#2ca02c"),
          ("activations", "#9467bd"))
 
 
 def latest(src: Path, warn) -> dict | None:
-    for f in reversed(sorted((src / "maxmodel").glob("summary-*.json"))):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable max-model summary ({type(e).__name__}: {e})")
-            continue
-        if isinstance(doc, dict) and doc.get("kind") == "maxmodel" and doc.get("schema") == 1:
-            doc["_path"] = str(f)
-            return doc
-        warn(f"skipping {f}: not a schema-1 max-model summary")
-    return None
+    return latest_summary(src, "maxmodel", "max-model", warn)
 
 
 def breakdown(probe: dict) -> dict | None:
