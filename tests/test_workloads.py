@@ -287,3 +287,37 @@ def test_the_report_reads_the_newest_readable_model_search_and_says_which_it_ski
     assert warned[0] == f"skipping {folder / 'summary-3.json'}: not a schema-1 max-model summary"
     assert warned[1].startswith(f"skipping {folder / 'summary-2.json'}: not a readable max-model summary (JSONDecode")
     assert maxmodel.section(tmp_path / "none", tmp_path, warned.append) == []
+
+
+def test_the_gate_compares_a_gpt_workload_only_with_itself(tmp_path, capsys):
+    from tests.test_compare import gate, pair, runs
+
+    gpt = {"model": "gpt-125m", "image_size": None, "seq_len": 1024, "optimizer": "adamw", "batch_per_device": 8}
+    base = runs(1, **gpt) + runs(3)  # the GPT configuration, and a ResNet one
+    b, c = pair(tmp_path, base, runs(2, scale=1.25, **gpt) + runs(4, **{**gpt, "optimizer": "sgd"}))
+    code, _, out, _ = gate(capsys, b, c)
+    assert code == 1
+    header = next(line for line in out.splitlines() if line.startswith("| config"))
+    assert "| baseline samples/s (img or seq) | current samples/s (img or seq) |" in header
+    slower = next(line for line in out.splitlines() if line.startswith("| ddp x2 gpt-125m seq 1024 b8/dev fp32 adamw"))
+    assert "**slower**" in slower and "| 0.80" in slower
+    # the same model trained with SGD is another configuration: no baseline for it, never compared with AdamW's
+    assert any(line.startswith("| ddp x2 gpt-125m seq 1024 b8/dev fp32 |") for line in out.splitlines())
+
+
+def test_the_verdict_and_the_tables_never_mix_two_workloads(tmp_path):
+    from tests.test_report import make, run_report, write
+
+    gpt = {"model": "gpt-tiny", "image_size": None, "seq_len": 64, "optimizer": "adamw"}
+    raw = write(tmp_path, *[make("ddp", 2, 100.0, stamp=f"2026010{i}T000000Z", **gpt) for i in range(3)],
+                *[make("fsdp2", 2, 300.0, stamp=f"2026010{i}T000000Z") for i in range(3)])
+    out = tmp_path / "rep"
+    assert run_report(raw, out)[0] == 0
+    md = (out / "REPORT.md").read_text()
+    # fsdp2 is 3x faster, but on a ResNet: each workload has its own verdict, table and units
+    # (the table behind the report mixes the two, so its image sizes and sequence lengths are floats or NaN: 224px,
+    # not 224.0px)
+    assert "gpt-tiny seq 64 (adamw) batch 64/device synthetic, fp32, 2 GPUs\n\n**Only ddp ran here" in md
+    assert "resnet50 224px batch 64/device synthetic, fp32, 2 GPUs\n\n**Only fsdp2 ran here" in md
+    assert "### gpt-tiny seq 64 (adamw), batch 64/device, fp32, synthetic data" in md
+    assert "| 100.0 seq/s |" in md and "| 6,400 tokens/s |" in md and "| 300.0 img/s |" in md

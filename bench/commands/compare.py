@@ -200,8 +200,9 @@ def _match_key(rec: dict, ignore_hardware: bool) -> tuple:
 
 def label(rec: dict) -> str:
     """A short, readable name for a configuration (hardware is in the report header)."""
+    opt = rec.get("optimizer")
     text = (f"{rec['backend']} x{rec['world_size']} {rec['model']} {workloads.shape(rec)} "
-            f"b{rec['batch_per_device']}/dev {rec['precision']}")
+            f"b{rec['batch_per_device']}/dev {rec['precision']}" + (f" {opt}" if opt and opt != "sgd" else ""))
     if rec.get("data") not in (None, "synthetic"):
         text += f" {rec['data']} data"
     if rec.get("options"):
@@ -498,7 +499,7 @@ def render_md(result: dict) -> str:
         hw_line + "  ",
         f"**Test:** {result['test_name']} on per-window throughput; a change counts when p < {result['alpha']:g} "
         f"AND it exceeds {_pct(result['threshold'])}. The run is the unit: throughput is the median of the run "
-        f"medians of global img/s (runs, windows; CV = run-to-run spread); ratio = current / baseline. Peak memory: "
+        f"medians of global samples/s (runs, windows; CV = run-to-run spread); ratio = current / baseline. Peak memory: "
         f"timed-window device reserved bytes (max over GPUs)"
         f"{'; host RSS is gated' if result['gate_host_memory'] else '; host RSS (CPU) is reported, not gated'}.",
         "",
@@ -507,7 +508,9 @@ def render_md(result: dict) -> str:
         lines.append(f"> warning: {w}  ")
     if result["env_warnings"]:
         lines.append("")
-    lines += ["| config | baseline img/s | current img/s | ratio | p-value | peak memory (GiB) | verdict | notes |",
+    # a row's unit is its workload's: images, or sequences for a GPT configuration (its config names "seq N")
+    unit = "img/s" if not any(" seq " in r["config"] for r in result["rows"]) else "samples/s (img or seq)"
+    lines += [f"| config | baseline {unit} | current {unit} | ratio | p-value | peak memory (GiB) | verdict | notes |",
               "|---|--:|--:|--:|--:|---|---|---|"]
     for r in result["rows"]:
         b, c = r["baseline"], r["current"]

@@ -53,15 +53,22 @@ def gpt_parameters(model: str, seq_len: int) -> int:
     return vocab * width + seq_len * width + layers * per_layer + 2 * width
 
 
+def size(rec: dict, key: str) -> int | None:
+    """``rec[key]`` as an int, None where absent (a report's table holds NaN, and 224.0, where rows mix workloads)."""
+    value = rec.get(key)
+    return None if value is None or value != value else int(value)
+
+
 def shape(rec: dict) -> str:
     """The input's shape, for titles: ``224px`` for an image model, ``seq 1024`` for a sequence model, nothing for
     a user's model (its batches are its own)."""
-    if rec.get("seq_len"):
-        return f"seq {rec['seq_len']}"
-    return f"{rec['image_size']}px" if rec.get("image_size") else ""
+    if size(rec, "seq_len"):
+        return f"seq {size(rec, 'seq_len')}"
+    return f"{size(rec, 'image_size')}px" if size(rec, "image_size") else ""
 
 
 def sample_unit(rec: dict) -> str:
     """What one sample is: an image (img), a sequence (seq), or a user model's sample."""
-    return "seq" if rec.get("seq_len") else "img" if rec.get("image_size") or ":" not in str(rec.get("model")) \
-        else "sample"
+    if size(rec, "seq_len"):
+        return "seq"
+    return "img" if size(rec, "image_size") or ":" not in str(rec.get("model")) else "sample"

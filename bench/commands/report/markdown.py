@@ -141,18 +141,18 @@ def env_header(rows: list[dict]) -> list[str]:
 
 
 def throughput_table(ok: list[dict], unit: str) -> str:
-    language = bool(ok[0].get("seq_len"))  # one workload per table
+    seq = workloads.size(ok[0], "seq_len")  # one workload per table
     def interval(r):
         text = f"{r['ci95_low_img_s']:,.1f} – {r['ci95_high_img_s']:,.1f} {rate(r)}"
         return text + (" (within-run only)" if r["interval"] == WITHIN_RUN else "")
 
     return md_table(
         ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "CV across runs",
-         "per-device throughput", "global tokens/s" if language else "ImageNet-1k epoch"],
+         "per-device throughput", "global tokens/s" if seq else "ImageNet-1k epoch"],
         [[f"**{label(r)}** {STAR}" if r["best_at_world_size"] else label(r), r["world_size"], r["precision"],
           f"{r['runs_ok']} ({len(r['_samples'])})", mark(fmt(r["global_img_s"], rate(r)), r, "throughput"), interval(r),
           mark(fmt(r["cv_runs_pct"], "%"), r, "cv"), fmt(r["per_device_img_s"], rate(r)),
-          fmt(r["global_img_s"] and r["global_img_s"] * r["seq_len"], "tokens/s", 0) if language
+          fmt(r["global_img_s"] and r["global_img_s"] * seq, "tokens/s", 0) if seq
           else duration(epoch_seconds(r["global_img_s"]))]
          for r in ok], {1, 3, 4, 5, 6, 7, 8})
 

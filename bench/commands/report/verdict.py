@@ -22,6 +22,7 @@ from bench.commands.report.common import (
     workload_title,
 )
 from bench.commands.report.summary import device_memory
+from bench.core import workloads
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ImageNet-1k (ILSVRC 2012) training set
 GROUP = SECTION + WORKLOAD + ("precision", "world_size")
@@ -81,8 +82,8 @@ def evidence(r: dict) -> str:
     s = comm.split(r)
     if s:
         parts.append(f"exposed communication {s['exposed_ms']:.1f} ms/step ({100 * s['exposed_share']:.0f}% of the step)")
-    if r.get("seq_len"):
-        parts.append(f"{r['global_img_s'] * r['seq_len']:,.0f} tokens/s")
+    if workloads.size(r, "seq_len"):
+        parts.append(f"{r['global_img_s'] * workloads.size(r, 'seq_len'):,.0f} tokens/s")
     else:
         parts.append(f"ImageNet-1k epoch ≈ {duration(epoch_seconds(r['global_img_s']))}")
     return ", ".join(parts)
