@@ -31,12 +31,12 @@ from bench.core import workloads
 
 
 def for_config(cfg) -> "Workload":
-    return _workload(cfg.model, cfg.image_size, getattr(cfg, "seq_len", None),
+    return workload(cfg.model, cfg.image_size, getattr(cfg, "seq_len", None),
                      bool((cfg.options or {}).get("channels_last")))
 
 
 @functools.lru_cache(maxsize=8)  # one per run in a rank; a user's factory is imported and checked once
-def _workload(model: str, image_size: int | None, seq_len: int | None, channels_last: bool) -> "Workload":
+def workload(model: str, image_size: int | None, seq_len: int | None, channels_last: bool) -> "Workload":
     kind = workloads.kind(model)
     if kind == "language":
         return GPTWorkload(model, seq_len)

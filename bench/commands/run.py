@@ -123,31 +123,31 @@ def cmd_run(args) -> int:
 
 def find_max_batch(args, configs, notes) -> int:
     from bench.commands import _maxbatch as maxbatch
-    from bench.core import results
 
     device = configs[0].device_type
     cap = args.max_batch if args.max_batch is not None else (4096 if device == "cuda" else 256)
     if cap < 1:
         raise UsageError(f"--max-batch must be a positive integer, got {cap}")
-    if args.memory_limit_gib is not None and (device == "cuda" or args.memory_limit_gib <= 0):
-        raise UsageError(f"--memory-limit-gib {args.memory_limit_gib:g}: a positive number of GiB, for CPU runs only "
-                         "(on GPUs the device's memory is the limit)")
-    results_dir = Path(args.results)
-    check_writable(results_dir)
-    for n in notes:
-        print(f"note: {n}", file=sys.stderr)
-    env_meta = results.collect_env(horovod=horovod_info(configs))
-    rows = maxbatch.run([c for c in configs if c.cudnn_benchmark is not False], results_dir, env_meta, cap,
-                        args.memory_limit_gib, lambda line: print(line, flush=True))
+    configs, results_dir, env_meta = _search_setup(args, configs, notes)
+    rows = maxbatch.run(configs, results_dir, env_meta, cap, args.memory_limit_gib, lambda line: print(line, flush=True))
     return 1 if any(r["error"] for r in rows) else 0
 
 
 def find_max_model(args, configs, notes, sizes) -> int:
     from bench.commands import _maxmodel
+
+    configs, results_dir, env_meta = _search_setup(args, configs, notes)
+    rows = _maxmodel.run(configs, sizes, results_dir, env_meta, args.memory_limit_gib,
+                         lambda line: print(line, flush=True))
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+def _search_setup(args, configs, notes):
+    """What --find-max-batch and --find-max-model share: the heap budget checked, the results directory, the notes,
+    the environment; the configurations to search (the labelled cudnn.benchmark-off variant is not one)."""
     from bench.core import results
 
-    device = configs[0].device_type
-    if args.memory_limit_gib is not None and (device == "cuda" or args.memory_limit_gib <= 0):
+    if args.memory_limit_gib is not None and (configs[0].device_type == "cuda" or args.memory_limit_gib <= 0):
         raise UsageError(f"--memory-limit-gib {args.memory_limit_gib:g}: a positive number of GiB, for CPU runs only "
                          "(on GPUs the device's memory is the limit)")
     results_dir = Path(args.results)
@@ -155,9 +155,7 @@ def find_max_model(args, configs, notes, sizes) -> int:
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     env_meta = results.collect_env(horovod=horovod_info(configs))
-    rows = _maxmodel.run([c for c in configs if c.cudnn_benchmark is not False], sizes, results_dir, env_meta,
-                         args.memory_limit_gib, lambda line: print(line, flush=True))
-    return 1 if any(r["error"] for r in rows) else 0
+    return [c for c in configs if c.cudnn_benchmark is not False], results_dir, env_meta
 
 
 def _not_yet_done(configs, results_dir, env_meta):

@@ -54,7 +54,7 @@ def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = N
 
     if workloads.kind(model) == "custom":
         raise ValueError("a user's model is not counted (it would be built in the harness)")
-    workload = models._workload(model, image_size, seq_len, False)
+    workload = models.workload(model, image_size, seq_len, False)
     gen = torch.Generator().manual_seed(0)
     with torch.device("meta"):
         if workloads.kind(model) == "vision":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import fmt, label, mark, md_table, rate, slug
+from bench.commands.report.common import fmt, label, mark, md_table, rate, save_figure, slug
 from bench.core import workloads
 
 BUCKET_MB = 25.0  # DDP's default bucket_cap_mb, for the predictions in the report
@@ -96,10 +96,7 @@ def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[
     ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(f"Where the scaling goes ({unit})\n{title}", fontsize=10)
     fig.tight_layout()
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    for ext in ("png", "svg"):
-        fig.savefig(f"{stem}-comm-split.{ext}", dpi=120)
-    plt.close(fig)
+    save_figure(fig, f"{stem}-comm-split")
     return [("comm-split", f"{stem.name}-comm-split.png")]
 
 
@@ -154,10 +151,7 @@ def _plot_collectives(rec, ops, by, sizes, grads, stem: Path) -> str:
     ax.legend(fontsize=8)
     fig.suptitle(f"{rec['process_group']}: bus bandwidth, {rec['world_size']} ranks ({rec['device_type']})", fontsize=10)
     fig.tight_layout()
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    for ext in ("png", "svg"):
-        fig.savefig(f"{stem}.{ext}", dpi=120)
-    plt.close(fig)
+    save_figure(fig, stem)
     return f"plots/{stem.name}.png"
 
 

@@ -69,6 +69,16 @@ def latest_summary(src: Path, kind: str, what: str, warn) -> dict | None:
     return None
 
 
+def save_figure(fig, stem, tight: bool = False) -> None:
+    """``stem``.png and ``stem``.svg (the HTML page inlines the SVG), then the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    Path(stem).parent.mkdir(parents=True, exist_ok=True)
+    for ext in ("png", "svg"):
+        fig.savefig(f"{stem}.{ext}", dpi=120, **({"bbox_inches": "tight"} if tight else {}))
+    plt.close(fig)
+
+
 def fmt(x, unit: str, digits: int = 1) -> str | None:
     return None if x is None else f"{x:,.{digits}f} {unit}"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import GiB, label, latest_summary, md_table, slug
+from bench.commands.report.common import GiB, label, latest_summary, md_table, save_figure, slug
 
 PARTS = (("parameters", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer_state", "#2ca02c"),
          ("activations", "#9467bd"))
@@ -92,8 +92,5 @@ def draw(rows: list[dict], stem: Path) -> bool:
     right.legend(fontsize=8)
     fig.suptitle("Largest model that trains, and what each rank holds for it", fontsize=10)
     fig.tight_layout()
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    for ext in ("png", "svg"):
-        fig.savefig(f"{stem}.{ext}", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, stem, tight=True)
     return True

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label, rate
+from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label, rate, save_figure
 from bench.commands.report.summary import device_memory
 from bench.core.trust import SAME_COMPUTATION
 
@@ -27,9 +27,7 @@ def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str
         fig, heading = draw(plt, ok, series, color, unit, device)
         fig.suptitle(f"{heading}\n{title}", fontsize=10)
         fig.tight_layout()
-        for ext in ("png", "svg"):
-            fig.savefig(f"{stem}-{kind}.{ext}", dpi=120)
-        plt.close(fig)
+        save_figure(fig, f"{stem}-{kind}")
         files.append((kind, f"{stem.name}-{kind}.png"))
     return files
 

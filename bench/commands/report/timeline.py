@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from bench.commands.report.comm import split
-from bench.commands.report.common import label, md_table, slug
+from bench.commands.report.common import label, md_table, save_figure, slug
 from bench.core import traces, workloads
 
 COLORS = {"data": "#8c8c8c", "forward": "#1f77b4", "backward": "#ff7f0e", "all-reduce": "#d62728",
@@ -155,8 +155,5 @@ def draw(timelines: list[dict | None], hosts: list[str] | None, stem: Path, titl
               frameon=False)
     ax.set_title(f"One traced step\n{title}", fontsize=10)
     fig.tight_layout()
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    for ext in ("png", "svg"):
-        fig.savefig(f"{stem}.{ext}", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, stem, tight=True)
     return True
