@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from backends.base import Backend, build_model, device_for
 
@@ -41,8 +39,10 @@ def problem() -> str | None:
         return f"horovod is installed without its PyTorch extension (horovod.torch has no init; {REBUILD})"
     if not hvd.gloo_built():
         return f"this Horovod build has no Gloo controller, which horovodrun --gloo needs ({REBUILD})"
-    if shutil.which("horovodrun") is None and not (Path(sys.executable).parent / "horovodrun").exists():
-        return f"horovodrun is not on PATH ({REBUILD})"
+    try:
+        import horovod.runner.launch  # noqa: F401 - what horovodrun runs; the harness starts it with this Python
+    except ImportError as e:
+        return f"horovod's launcher (horovod.runner.launch) does not import ({REBUILD}): {str(e).splitlines()[0]}"
     return None
 
 
@@ -52,9 +52,8 @@ def build_info() -> dict | None:
         return None
     import horovod
 
-    exe = Path(sys.executable).parent / "horovodrun"
-    try:
-        out = subprocess.run([str(exe) if exe.exists() else "horovodrun", "--check-build"], capture_output=True,
+    try:  # horovodrun --check-build, through this interpreter (as the harness starts horovodrun)
+        out = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "--check-build"], capture_output=True,
                              text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return {"version": horovod.__version__, "check_build": f"failed: {e}"}

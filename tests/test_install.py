@@ -105,13 +105,25 @@ def test_torch_system_builds_on_the_interpreter_s_torch_and_runs(tmp_path):
     assert (venv / ".torch-mode").read_text().strip() == "system"
     assert run_install(venv, sys.executable, "system").stdout == ""  # already done: nothing to do
     results_dir = tmp_path / "raw"
-    run = subprocess.run([str(py), "-m", "bench", "run", "--backends", "single", "--gpus", "1", *TINY,
-                          "--results", str(results_dir)], capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={k: v for k, v in os.environ.items() if k != "BENCH_FAULT"})
-    assert run.returncode == 0, run.stdout + run.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "ok" and rec["env"]["torch_source"] == "system"
-    assert rec["env"]["torch"] == torch.__version__
+    # The base interpreter's console scripts first on PATH, as on the first GPU machine: this venv has no torchrun
+    # or horovodrun of its own, and one found on PATH starts ranks in the base environment, which do not see the
+    # venv (DeepSpeed, installed in the venv, was "not installed" in every ds_zero3 rank there).
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    assert not (venv / "bin" / "torchrun").exists() and (Path(sys.executable).parent / "torchrun").exists()
+    for backends, gpus in (("single", "1"), ("ddp,ddp_spawn,horovod", "2")):
+        run = subprocess.run([str(py), "-m", "bench", "run", "--backends", backends, "--gpus", gpus, *TINY,
+                              "--results", str(results_dir)], capture_output=True, text=True, timeout=600, cwd=REPO,
+                             env=env)
+        assert run.returncode == 0, run.stdout + run.stderr
+    recs = {r["backend"]: r for r in records(results_dir)}
+    assert set(recs) == {"single", "ddp", "ddp_spawn", "horovod"}
+    for name, rec in recs.items():
+        assert rec["status"] == "ok", (name, rec["reason"])
+        assert rec["env"]["torch_source"] == "system" and rec["env"]["torch"] == torch.__version__
+        # every rank, whichever launcher started it (in process, torchrun, mp.spawn, horovodrun), ran in this venv
+        assert rec["env"]["python_prefix"] == str(venv)
+        assert rec["rank_python_prefixes"] == [str(venv)] * rec["world_size"], name
 
 
 def test_torch_system_with_a_wheel_folder_installs_what_it_has_and_names_what_it_lacks(tmp_path):

@@ -12,6 +12,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 import warnings
@@ -261,6 +262,7 @@ def collect_env(horovod: dict | None = None) -> dict:
         "cpu_model": _cpu_model(),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
+        "python_prefix": sys.prefix,  # the harness's environment; every rank's own is in rank_python_prefixes
         "platform": platform.platform(),
         "git_commit": git_commit(),
         "horovod": horovod,
@@ -269,8 +271,6 @@ def collect_env(horovod: dict | None = None) -> dict:
 
 
 def _torch_source() -> str:
-    import sys
-
     mode = Path(sys.prefix) / ".torch-mode"  # written by scripts/install.sh
     try:
         return mode.read_text().strip() or "unmanaged"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import socket
 import sys
 from pathlib import Path
@@ -34,10 +33,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tool(name: str) -> str | None:
-    """A console script from the same environment as this Python (the venv's torchrun, horovodrun)."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else shutil.which(name)
+# Every launcher starts through this interpreter, never a console script found on PATH: a venv made with
+# --system-site-packages (make ... TORCH=system) has no torchrun of its own, and the PATH's torchrun belongs to the
+# base interpreter, whose ranks do not see the venv's packages (DeepSpeed was "not installed" on the first GPU
+# machine). ``python -m torch.distributed.run`` is what the torchrun script runs; ``horovod.runner.launch`` is
+# horovodrun's.
+LAUNCHER_MODULES = {"torchrun": "torch.distributed.run", "horovodrun": "horovod.runner.launch"}
 
 
 def command(launcher: str, world_size: int, spec_path: str, nodes: Nodes | None = None, rdzv_id: str = "") -> list[str]:
@@ -51,8 +52,7 @@ def command(launcher: str, world_size: int, spec_path: str, nodes: Nodes | None 
     if launcher == "spawn":
         return [py, *worker, "--spawn", str(world_size)]
     if launcher == "torchrun":
-        torchrun = _tool("torchrun")
-        head = [torchrun] if torchrun else [py, "-m", "torch.distributed.run"]
+        head = [py, "-m", LAUNCHER_MODULES["torchrun"]]
         if nodes is None or nodes.nnodes == 1:
             return [*head, "--standalone", f"--nproc-per-node={world_size}", *worker]
         return [*head, f"--nnodes={nodes.nnodes}", f"--nproc-per-node={world_size // nodes.nnodes}",
@@ -61,7 +61,7 @@ def command(launcher: str, world_size: int, spec_path: str, nodes: Nodes | None 
                 *([f"--local-addr={nodes.local_addr}"] if nodes.local_addr else []), *worker]
     if launcher == "horovodrun":
         hosts = nodes.hosts if nodes is not None and nodes.nnodes > 1 else f"localhost:{world_size}"
-        return [_tool("horovodrun") or "horovodrun", "-np", str(world_size), "-H", hosts, "--gloo", py, *worker]
+        return [py, "-m", LAUNCHER_MODULES["horovodrun"], "-np", str(world_size), "-H", hosts, "--gloo", py, *worker]
     raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
 
 

@@ -121,6 +121,7 @@ def run(spec: dict) -> None:
         "trace": trace,
         "state_bytes": state,
         "profiler_in_windows": timed["profiler"] or bool(compute_only and compute_only["profiler"]),
+        "python_prefix": sys.prefix,  # the environment this rank imported from (the launcher's interpreter)
     }
     lifeline.set_phase("gathering the record")
     gathered = backend.all_gather(mine)
