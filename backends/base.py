@@ -168,7 +168,20 @@ class Backend:
             "grad_reduce_dtype": self.grad_reduce_dtype(),
             "compile": self.compile_mode if (getattr(self, "options", None) or {}).get("compile") else None,
             "activation_checkpointing_blocks": getattr(self.module, "_bench_checkpointed", 0),
+            "channels_last": self.channels_last_info() if (getattr(self, "options", None) or {}).get("channels_last")
+            else None,
         }
+
+    def channels_last_info(self) -> dict:
+        """What --channels-last changed, read from the tensors: the inputs are fed channels-last (bench/rank/data.py);
+        ``parameters`` is the memory format of the 4-D parameters this rank holds after the windows (``contiguous``
+        where a backend keeps them NCHW: FSDP2 and DeepSpeed flatten or shard them), None where it holds none."""
+        formats = set()
+        for w in (local(p) for p in unique(self.module.parameters())):
+            nhwc, nchw = w.dim() == 4 and w.is_contiguous(memory_format=torch.channels_last), w.is_contiguous()
+            if w.dim() == 4 and nhwc != nchw:  # a 1x1 kernel (or one channel) is both: it says nothing
+                formats.add("channels_last" if nhwc else "contiguous")
+        return {"inputs": True, "parameters": formats.pop() if len(formats) == 1 else ("mixed" if formats else None)}
 
     def state_bytes(self) -> dict:
         """The training state this rank holds, in bytes, read from its own tensors (after a step): ``parameters``
@@ -298,6 +311,17 @@ def checkpoint_blocks(model: torch.nn.Module) -> int:
         checkpoint(block)
     model._bench_checkpointed = len(blocks)  # for describe()
     return len(blocks)
+
+
+def contiguous_parameters(model: torch.nn.Module, cfg) -> torch.nn.Module:
+    """Under --channels-last, the parameters back in the default (NCHW) layout, for the backends that cannot hold
+    channels-last parameters: FSDP2's fully_shard refuses them ("FSDP does not support non-contiguous parameters
+    yet"), DeepSpeed views each one as bytes to broadcast it and flattens or partitions them all. The inputs, and so
+    the activations, stay channels-last: cuDNN and oneDNN take the NHWC path when either operand of a convolution is
+    channels-last. ``describe()`` records the parameters' layout as it was after the windows."""
+    if (cfg.options or {}).get("channels_last"):
+        model = model.to(memory_format=torch.contiguous_format)
+    return model
 
 
 def make_optimizer(cfg, params, cls=None):

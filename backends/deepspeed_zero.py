@@ -29,7 +29,7 @@ import os
 import torch
 
 from backends import models
-from backends.base import build_model, make_optimizer
+from backends.base import build_model, contiguous_parameters, make_optimizer
 from backends.ddp import DDP
 
 INSTALL = "pip install deepspeed (make install does)"
@@ -76,7 +76,7 @@ class DeepSpeedZero(DDP):
 
         deepspeed.utils.logger.setLevel(logging.WARNING)  # the harness prints; DeepSpeed's INFO lines go nowhere
         self.init_process_group(cfg)
-        model = build_model(cfg).to(self.device)
+        model = contiguous_parameters(build_model(cfg).to(self.device), cfg)  # DeepSpeed views them as bytes
         self.bucket_elements = int(((cfg.options or {}).get("ds_bucket_mb") or DEFAULT_BUCKET_MB) * 2 ** 20 // 4)
         config = {
             "train_batch_size": cfg.batch_size * self.world_size,
@@ -111,6 +111,7 @@ class DeepSpeedZero(DDP):
         self.buffers_cast = self._half_norm_buffers()
         self.autocast_dtype, self.scaler = None, None  # DeepSpeed casts the model and scales the loss itself
         self.device_type, self.feed_batch, self.data_device = cfg.device_type, cfg.batch_size, self.device
+        self.options = dict(cfg.options or {})
         self.input_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision, torch.float32)
         self.workload = models.for_config(cfg)
 

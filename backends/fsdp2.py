@@ -28,7 +28,7 @@ import dataclasses
 import torch
 
 from backends import models
-from backends.base import COMMON_KNOBS, build_model
+from backends.base import COMMON_KNOBS, build_model, contiguous_parameters
 from backends.ddp import DDP
 
 
@@ -48,6 +48,7 @@ class FSDP2(DDP):
 
         self.init_process_group(cfg)
         model = build_model(cfg).to(self.device)
+        model = contiguous_parameters(model, cfg)  # fully_shard refuses channels-last parameters
         mesh = init_device_mesh(cfg.device_type, (self.world_size,))
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self.norm_fp32_via = shard(model, mesh, dtype, compile=bool((cfg.options or {}).get("compile")))

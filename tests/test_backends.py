@@ -17,8 +17,10 @@ def new_backends(tmp_path_factory):
     # --eval: FSDP2 all-gathers parameters in every forward, so 37 samples over 2 ranks (10 batches on one rank, 9 on
     # the other) hang until --timeout unless the padded batch runs masked; every new backend evaluates the same way
     # --trace 1: every new backend marks its phases for the profiler (tests/test_trace.py has the rest of --trace)
+    # --channels-last: FSDP2 and DeepSpeed crashed at set-up on channels-last parameters (FSDP2 refuses them,
+    # DeepSpeed views each one as bytes to broadcast it); they now keep NCHW parameters and channels-last inputs
     proc = bench_inproc("run", "--backends", ",".join(NEW), "--gpus", 2, *TINY, "--eval", "--eval-samples", 37,
-                        "--trace", 1, "--timeout", 240, "--results", raw)
+                        "--trace", 1, "--channels-last", "--timeout", 240, "--results", raw)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {r["backend"]: r for r in records(raw)}
 
@@ -34,6 +36,17 @@ def test_new_backends_train_with_identical_full_replicas(new_backends):
         # distributed evaluation: every sample once (never the padded 38), sums all-reduced
         assert rec["eval"] is True and rec["eval_samples"] == 37, name
         assert rec["eval_loss"] > 0 and 0 <= rec["eval_accuracy"] <= 1 and rec["eval_throughput"] > 0
+    # what --channels-last did, read from the tensors: NCHW parameters where the backend cannot hold NHWC ones (ZeRO-3
+    # holds flat partitions: no 4-D parameter to read; ZeroRedundancyOptimizer's parameters_as_bucket_view makes each
+    # parameter a view of its flat bucket), channels-last ones elsewhere; channels-last inputs everywhere
+    layout = {name: rec["backend_info"]["channels_last"] for name, rec in new_backends.items()}
+    assert layout == {"fsdp2": {"inputs": True, "parameters": "contiguous"},
+                      "ds_zero1": {"inputs": True, "parameters": "contiguous"},
+                      "ds_zero2": {"inputs": True, "parameters": "contiguous"},
+                      "ds_zero3": {"inputs": True, "parameters": None},
+                      "ddp_zero": {"inputs": True, "parameters": "contiguous"},
+                      "allreduce_manual": {"inputs": True, "parameters": "channels_last"}}
+    assert all(rec["options"]["channels_last"] is True for rec in new_backends.values())
     assert new_backends["fsdp2"]["backend_info"]["sharded_parameters"] == 62  # every resnet18 parameter a DTensor
     assert new_backends["fsdp2"]["backend_info"]["param_dtype"] == "float32"
     for stage in (1, 2, 3):

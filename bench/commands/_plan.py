@@ -56,7 +56,9 @@ def add_run_arguments(r) -> None:
     k.add_argument("--ds-bucket-mb", type=float,
                    help="DeepSpeed reduce and all-gather buckets, MiB of fp32 elements (default 25, DDP's; DeepSpeed's "
                         "own 5e8 elements would allocate 1907 MiB per bucket on every rank)")
-    k.add_argument("--channels-last", action="store_true", help="NHWC model and inputs (torch.channels_last)")
+    k.add_argument("--channels-last", action="store_true",
+                   help="NHWC model and inputs (torch.channels_last); fsdp2, ds_zero* and ddp_zero keep NCHW parameters "
+                        "(recorded in backend_info.channels_last)")
     k.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in backward instead of keeping them (less memory, about "
                         "one more forward of compute); every backend but dp")
