@@ -38,6 +38,8 @@ def test_rank_crash_fails_only_its_run(results_dir):
     assert crashed["reason"].startswith("rank 1 exited with code 13; torchrun exit code 1, no record written")
     assert "injected crash on rank 1 at step 3" in crashed["reason"]
     assert recs["single"]["status"] == "ok"
+    # every rank runs NCCL's process groups with error handling that lets an error reach it (tests/test_dead_peer.py)
+    assert recs["single"]["env"]["nccl_async_error_handling"] == "2"
     assert [ln.split(" on ")[0] for ln in proc.stdout.splitlines() if ln.startswith("[")] == ["[1/2] ddp x2",
                                                                                             "[2/2] single x1"]
     assert not _leftovers(results_dir)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.core import workloads
 from bench.core.config import Nodes, RunConfig
-from bench.core.markers import OOM_MARKER, PEER_LOST_MARKER, REFUSED_MARKER
+from bench.core.markers import OOM_MARKER, PEER_LOST_MARKER, REFUSED_MARKER, oom_evidence
 
 # What a launcher puts before a rank's line: horovodrun "[0]<stderr>:", torch's "[rank0]: ".
 _RANK_TAG = re.compile(r"^(?:\[\d+\]<std(?:out|err)>:|\[rank\d+\]:\s?)")
@@ -39,8 +39,10 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
     if timed_out:
         return f"timeout after {timeout:.0f} s (log: {log_path})"
     oom = _marked(output, OOM_MARKER)
-    if oom is None and "std::bad_alloc" in output:  # an allocation failed in C++ (gloo, a library), not in torch
-        oom = "std::bad_alloc"
+    if oom is None:  # no rank said so: an allocation failed where no Python exception reached a rank (NCCL's
+        # watchdog thread takes the process down with its error; gloo or a library threw std::bad_alloc in C++)
+        said = oom_evidence(output)
+        oom = _RANK_TAG.sub("", said, count=1) if said else "std::bad_alloc" if "std::bad_alloc" in output else None
     if oom:
         return (f"out of memory: batch {cfg.batch_size} per device ({cfg.global_batch} global), "
                 f"{cfg.model} at {workloads.shape(cfg.to_dict())}, {cfg.precision}: {oom}")

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from bench.core.markers import OOM_EXIT, OOM_MARKER
+from bench.core.markers import OOM_EXIT, OOM_MARKER, oom_evidence
 from bench.rank import lifeline
 from bench.rank.memory import is_oom
 
@@ -32,9 +32,12 @@ def _spawned(index: int, spec: dict, nprocs: int) -> None:
 
 def guarded(spec: dict) -> None:
     """Run this rank's task; out of memory becomes the marked line and OOM_EXIT. The rank dies with its harness, and
-    across nodes a lost node is named (bench/rank/lifeline.py)."""
+    across nodes a lost node is named, whether a failed collective raises or NCCL's watchdog aborts the rank
+    (bench/rank/lifeline.py). How NCCL handles an asynchronous error goes into the record's env."""
     lifeline.watch_harness()
-    lifeline.start(spec)
+    spec["env"] = {**(spec.get("env") or {}), "nccl_async_error_handling": lifeline.nccl_error_handling()}
+    if lifeline.start(spec) is not None:
+        lifeline.hold_aborts()
     module, _, func = TASKS[spec.get("task") or "train"].partition(":")
     try:
         getattr(importlib.import_module(module), func)(spec)
@@ -43,9 +46,17 @@ def guarded(spec: dict) -> None:
         if not is_oom(e):
             lifeline.verdict_on(e)  # several nodes: a lost node ends this rank naming it, else the error stands
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        print(f"{OOM_MARKER} {first}", file=sys.stderr, flush=True)
+        print(f"{OOM_MARKER} {oom_line(e)}", file=sys.stderr, flush=True)
         os._exit(OOM_EXIT)  # exit at once: other ranks are waiting on a collective that will never come
+
+
+def oom_line(e: BaseException) -> str:
+    """The error's first line, and the line that says an allocation failed where that is another (an NCCL error's
+    first line names only the call; its last error says "Cuda failure 'out of memory'")."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else "out of memory"
+    evidence = oom_evidence(text)
+    return first if evidence is None or evidence in first else f"{first} ({evidence})"
 
 
 def main(argv=None) -> None:

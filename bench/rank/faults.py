@@ -3,6 +3,8 @@
     crash@rank1:step3    rank 1 exits with code 13 at its 3rd training step (counting warm-up)
     hang@rank1[:step2]   rank 1 sleeps forever at that step (default step 1)
     oom[@rank0][:step1]  raise torch.cuda.OutOfMemoryError, as a too-large batch would
+    oom-cublas, oom-cuda, oom-cudnn, oom-nccl  (the same form) out of memory as the libraries under torch raise
+                         it, with their own exception type and message (OOM_ERRORS below)
     diverge@rank1        after training, perturb rank 1's parameters (the replica check must catch it)
     bloat@rank0:step2    hold 256 MiB on the rank's first device through that step (a one-time peak such as
                          cuDNN's search workspace; in a warm-up step it must not reach the timed peaks)
@@ -14,6 +16,9 @@
     node-freezes@rank1:step6  the same with SIGSTOP: a node that stops answering without closing a connection
                               (a kernel hang, a partition); the test that injects it kills the frozen processes
     Both wait 1.5 s before acting, so the node's last heartbeat carries the phase it died in.
+    watchdog-abort@rank0      once a training step of this rank fails (its peer died), the process is taken down as
+                              NCCL's watchdog does (TORCH_NCCL_ASYNC_ERROR_HANDLING 1 or 3): SIGABRT from a thread
+                              of its own while the main thread stays blocked, as in a CUDA synchronize
 
 ``@rank*`` is every rank whose environment has the fault (give BENCH_FAULT to one node's ``bench run`` only).
 
@@ -30,7 +35,22 @@ import sys
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "oom", "diverge", "bloat", "grad-scale", "wrong-shard", "node-dies", "node-freezes")
+# oom-*: how each library reports a failed device allocation, copied from its source (bench/core/markers.py names
+# them): C10_CUDA_CHECK's message, TORCH_CUDABLAS_CHECK's at cuBLAS's first use, AT_CUDNN_CHECK's under cuDNN 9, and
+# C10D_NCCL_CHECK's with NCCL's last error as NCCL's CUCHECK words it (the version is this venv's NCCL; the file and
+# line name where torch checks a call, whichever it was).
+OOM_ERRORS = {
+    "oom-cuda": ("AcceleratorError", "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported "
+                 "at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
+                 "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"),
+    "oom-cublas": ("RuntimeError", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    "oom-cudnn": ("RuntimeError", "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"),
+    "oom-nccl": ("DistBackendError", "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled "
+                 "cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.30.7\nncclUnhandledCudaError: "
+                 "Call to CUDA function failed.\nLast error:\nCuda failure 2 'out of memory'"),
+}
+KINDS = ("crash", "hang", "oom", *OOM_ERRORS, "diverge", "bloat", "grad-scale", "wrong-shard", "node-dies",
+         "node-freezes", "watchdog-abort")
 ANY_RANK = -1
 BLOAT_BYTES = 256 * 2 ** 20
 _SPEC = re.compile(r"^(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)(?:@rank(?P<rank>\d+|\*))?(?::step(?P<step>\d+))?$")
@@ -76,7 +96,17 @@ class Fault:
                 return loss + (loss - loss.detach())
 
             backend.forward_loss = doubled
-        mine = self._mine(backend, ("crash", "hang", "oom", "bloat", "node-dies", "node-freezes"))
+        if self._mine(backend, ("watchdog-abort",)):
+            failing = backend.step
+
+            def step():
+                try:
+                    return failing()
+                except Exception:  # noqa: BLE001 - what NCCL's watchdog would have seen as an asynchronous error
+                    _watchdog_abort(backend)
+
+            backend.step = step
+        mine = self._mine(backend, ("crash", "hang", "oom", *OOM_ERRORS, "bloat", "node-dies", "node-freezes"))
         if not mine:
             return
         original, count = backend.step, [0]
@@ -139,3 +169,27 @@ def _trigger(f: _One, backend):
         import torch
 
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by BENCH_FAULT)")
+    if f.kind in OOM_ERRORS:
+        raise oom_error(f.kind)
+
+
+def oom_error(kind: str) -> Exception:
+    """The exception the library behind ``kind`` raises (OOM_ERRORS): its type as torch maps it to Python (an
+    AcceleratorError is a RuntimeError in an older torch; a c10::CuDNNError or c10::Error is a RuntimeError)."""
+    import torch
+    import torch.distributed as dist
+
+    name, message = OOM_ERRORS[kind]
+    cls = getattr(torch, name, None) or getattr(dist, name, None) or RuntimeError
+    return cls(message)
+
+
+def _watchdog_abort(backend) -> None:
+    import ctypes
+    import threading
+
+    print(f"BENCH_FAULT: injected watchdog-abort on rank {backend.rank}: a step failed, SIGABRT from a thread "
+          f"(at {time.time():.3f})", file=sys.stderr, flush=True)
+    threading.Thread(target=ctypes.CDLL(None).abort, name="fake-nccl-watchdog", daemon=True).start()  # no GIL held
+    while True:  # the main thread stays where NCCL would keep it: blocked, not in Python
+        time.sleep(3600)

@@ -13,6 +13,11 @@
   waits in would ever notice (a powered-off or partitioned node sends no TCP reset: gloo and NCCL would wait for
   their own timeouts, minutes). A rank whose collective fails (a reset connection) first waits up to SILENT_S + 5 s
   for that verdict, so the record names the node that died instead of the rank that noticed.
+- **NCCL's watchdog.** By default it takes a rank down with SIGABRT when a peer dies (bench/core/markers.py): no
+  exception, so no wait for the verdict, and torchrun then stops the node's other ranks, the watching one too. Ranks
+  therefore run with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 unless the user set it (the error reaches the rank as an
+  exception, which waits as above), and a rank of several nodes that is aborted anyway (the user's 1 or 3, or any
+  library's abort()) waits in its SIGABRT handler for the same verdict before it dies as it would have.
 
 Nothing here runs in a one-node run but the harness watch (one idle thread per process).
 """
@@ -29,7 +34,8 @@ import threading
 import time
 from datetime import timedelta
 
-from bench.core.markers import HARNESS_ENV, PEER_LOST_EXIT, PEER_LOST_MARKER
+from bench.core.markers import (HARNESS_ENV, NCCL_ERROR_HANDLING, NCCL_ERROR_HANDLING_ENV, PEER_LOST_EXIT,
+                                PEER_LOST_MARKER)
 
 BEAT_S = 1.0  # one beat (a store add) per second per node
 SILENT_S = 15.0  # a node whose beat has not moved for this long is lost (GIL pauses, a busy store: seconds at most)
@@ -200,12 +206,57 @@ _COMM_ERROR = re.compile(r"connection (reset|closed|refused)|broken pipe|nccl|gl
 def verdict_on(error: BaseException) -> None:
     """After a failed collective in a run of several nodes, give the watch up to SILENT_S + 5 s to name a lost node
     (it then ends this process); return when it names none, and the caller raises the error as it is."""
+    if _beat is not None and _COMM_ERROR.search(f"{type(error).__name__} {error}"):
+        _await_verdict()
+
+
+_watching = threading.Lock()
+
+
+def _await_verdict() -> None:
     beat = _beat
-    if beat is None or not _COMM_ERROR.search(f"{type(error).__name__} {error}"):
-        return
-    if beat.thread is None:  # not local rank 0: watch now, from scratch
-        beat.start()
+    with _watching:  # two callers at once (two aborting threads) start one watch
+        if beat.thread is None:  # not local rank 0: watch now, from scratch
+            beat.start()
     beat.thread.join(timeout=beat.silent + 5.0)
+
+
+# -- NCCL's watchdog -----------------------------------------------------------------------------------------------
+
+def nccl_error_handling(environ=os.environ) -> str:
+    """How this rank's NCCL process groups handle an asynchronous error (bench/core/markers.py): the user's value
+    where either of torch's names is set, else NCCL_ERROR_HANDLING, set here before any process group exists."""
+    for name in NCCL_ERROR_HANDLING_ENV:
+        if environ.get(name):
+            return environ[name]
+    environ[NCCL_ERROR_HANDLING_ENV[0]] = NCCL_ERROR_HANDLING
+    return NCCL_ERROR_HANDLING
+
+
+_abort_handler = None  # the C function SIGABRT calls (kept referenced: ctypes frees an unreferenced callback)
+
+
+def hold_aborts() -> None:
+    """Several nodes: SIGABRT (NCCL's watchdog tearing the process down when a peer died, or any library's abort())
+    first gives the watch the wait a failed collective gets, then ends the process as it would have. Python's own
+    handlers cannot do this: they run in the main thread, later, and abort() does not return to let them. This one is
+    C (ctypes), runs in the aborting thread and takes the GIL, which a rank blocked in a collective or a synchronize
+    does not hold. glibc's abort() takes no lock before it raises the signal, so the handler may wait."""
+    global _abort_handler
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_void_p)
+
+    def on_abort(signum: int) -> None:
+        print(f"bench: rank process {os.getpid()} got SIGABRT; waiting up to {_beat.silent + 5.0:g} s for a verdict "
+              f"on the other nodes first", file=sys.stderr, flush=True)
+        _await_verdict()  # a lost node ends the process here, named (PEER_LOST_EXIT)
+        libc.signal(signal.SIGABRT, int(signal.SIG_DFL))  # none: die of SIGABRT after all
+        os.kill(os.getpid(), signal.SIGABRT)
+
+    _abort_handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(on_abort)
+    libc.signal(signal.SIGABRT, ctypes.cast(_abort_handler, ctypes.c_void_p))
 
 
 def finish() -> None:

@@ -7,6 +7,8 @@ import resource
 
 import torch
 
+from bench.core.markers import oom_evidence
+
 
 def memory_stats(backend) -> list[dict]:
     """Peak allocated/reserved since the last reset from the caching allocator for each CUDA device this rank
@@ -87,9 +89,12 @@ def _data_bytes() -> int:
 
 
 def is_oom(e: BaseException) -> bool:
-    """Out of memory: torch's own out-of-memory errors anywhere; under a heap budget, also an allocation failure
-    whichever library reports it, or any failure once the heap has reached the budget."""
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e):
+    """Out of memory: torch's own out-of-memory errors anywhere, and a device allocation that failed in a library
+    under torch (cuBLAS, cuDNN, the CUDA runtime, NCCL: bench/core/markers.py says which messages, from their
+    sources); under a heap budget, also an allocation failure whichever library reports it, or any failure once the
+    heap has reached the budget."""
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e) \
+            or oom_evidence(str(e)) is not None:
         return True
     if _MEMORY_LIMIT is None:
         return False
