@@ -176,3 +176,54 @@ def test_collectives_over_gloo_and_horovod(tmp_path):
 def test_collectives_bad_input(tmp_path, args, message, capsys):
     code, err = cli_error(capsys, "collectives", "--device", "cpu", *args, "--results", tmp_path)
     assert code == 2 and err.startswith(message), err
+
+
+def test_the_communication_sections_use_the_size_each_run_had(tmp_path, capsys):
+    """Issue 35, item 7: a user's model (``pkg.mod:factory``) crashed the report's communication sections (its size
+    was counted by name), and a GPT's gradient was counted at sequence length 64 whatever the run used. The size is
+    the run's own now: a one-process run's state_bytes, else counted at the record's seq_len; a model whose size no
+    record gives is named, with the reason, instead of a crash."""
+    from bench.commands import report
+    from bench.core import workloads
+    from tests.test_report import make, write
+
+    user, unsized = "tests.user_model:factory", "pkg.models:mine"
+    user_bytes = 4 * (32 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10)  # tests/user_model.py's parameters, fp32
+    gpt_bytes = 4 * workloads.gpt_parameters("gpt-small", 256)
+    assert gpt_bytes != 4 * workloads.gpt_parameters("gpt-small", 64)  # what the old count used
+    state = lambda b: {"parameters": b, "gradients": b, "optimizer_state": 2 * b}  # noqa: E731
+    lang = dict(device="cpu", image_size=None)
+    recs = [make("single", 1, 100.0, model=user, state_bytes=[state(user_bytes)], **lang),
+            make("ddp", 2, 150.0, model=user, state_bytes=[state(user_bytes)] * 2, **lang),
+            make("single", 1, 40.0, model="gpt-small", seq_len=256, **lang),  # a record from before state_bytes
+            make("ddp", 2, 60.0, model="gpt-small", seq_len=256, **lang),
+            make("single", 1, 80.0, model=unsized, **lang)]  # a user's model, no state_bytes: size unknown
+    why = (f"{unsized} is a user's model, whose size only a one-process run's record gives (state_bytes), and this "
+           "one has none")
+    # a run of two ranks gives no size: a sharded backend's ranks hold shares of it
+    assert [predict.gradient_bytes(r)[0] for r in recs] == [user_bytes, None, gpt_bytes, gpt_bytes, None]
+    assert predict.gradient_bytes(recs[-1]) == (None, why)
+    assert predict.gradient_bytes(recs[0])[1] == "the run's parameters (state_bytes)"
+    raw = write(tmp_path, *recs)
+    _collectives_record(raw)
+
+    warned = []
+    kept = {i["model"]: (i["grad_bytes"], i["seq_len"]) for i in predict.inputs(raw, warned.append, unsized=True)}
+    assert kept == {user: (user_bytes, None), "gpt-small": (gpt_bytes, 256), unsized: (None, None)} and not warned
+    assert {i["model"] for i in predict.inputs(raw, warned.append)} == {user, "gpt-small"}
+    assert warned == [f"no prediction for {unsized}: {why}"]
+
+    code = report.cmd_report(argparse.Namespace(results=str(raw), out=str(tmp_path / "rep")))
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert (f"**{user} b64/device fp32 on CPU: Xeon**: t_compute 640.0 ms (single@1), gradient "
+            f"{user_bytes / 2 ** 20:.1f} MiB (the run's parameters (state_bytes)) in 25 MiB buckets") in md
+    assert (f"**gpt-small seq 256 b64/device fp32 on CPU: Xeon**: t_compute 1600.0 ms (single@1), gradient "
+            f"{gpt_bytes / 2 ** 20:.1f} MiB (4 bytes x the model's parameters) in 25 MiB buckets") in md
+    assert f"**{unsized} b64/device fp32 on CPU: Xeon**: no prediction: {why}" in md
+    assert f"- {unsized}: gradient size unknown, not drawn: {why}" in md
+    # the collectives plot's dashed lines: one per model, a GPT's at its sequence length
+    from bench.commands.report.summary import summarise, usable_records
+
+    rows = summarise(usable_records(raw, warned.append)).to_dict("records")
+    assert comm.gradient_sizes(rows) == ({user: user_bytes, "gpt-small seq 256": gpt_bytes}, {unsized: why})

@@ -46,11 +46,29 @@ def predict(t_compute: float, grad_bytes: int, n: int, curve, bucket_bytes: int,
             "efficiency_high": t_compute / full_overlap}
 
 
-def inputs(results_dir: Path, warn) -> list[dict]:
-    """One prediction input per (hardware, workload, precision): t_c from single@1, the gradient size, the curve
-    of the matching device type, and the measured efficiencies of every backend at every N."""
-    from bench.core import comm, results, stats
+def gradient_bytes(rec: dict) -> tuple[int | None, str]:
+    """What DDP all-reduces per step for ``rec``'s model, and where the figure comes from: the parameters' bytes as
+    the run's one process held them (its ``state_bytes``; a gradient has its parameter's dtype), else counted from the
+    model's name at the run's sequence length (fp32 parameters, as every backend keeps them). (None, why) for a
+    user's model (``pkg.mod:factory``) with no such record: its size is known only from its runs."""
+    from bench.core import workloads
     from bench.rank import flops
+
+    state = rec.get("state_bytes") or []
+    if len(state) == 1 and (state[0] or {}).get("parameters"):
+        return int(state[0]["parameters"]), "the run's parameters (state_bytes)"
+    if workloads.kind(rec["model"]) == "custom":
+        return None, (f"{rec['model']} is a user's model, whose size only a one-process run's record gives "
+                      "(state_bytes), and this one has none")
+    return 4 * flops.parameter_count(rec["model"], rec.get("seq_len")), "4 bytes x the model's parameters"
+
+
+def inputs(results_dir: Path, warn, unsized: bool = False) -> list[dict]:
+    """One prediction input per (hardware, workload, precision): t_c from single@1, the gradient size, the curve
+    of the matching device type, and the measured efficiencies of every backend at every N. A workload whose
+    gradient size is unknown (``gradient_bytes``) is left out with a warning; with ``unsized`` it is kept, with
+    ``grad_bytes`` None and the reason in ``grad_source``."""
+    from bench.core import comm, results, stats
 
     recs = [r for r in results.load(results_dir, warn=warn) if r["status"] == "ok"]
     curves = {}
@@ -61,13 +79,17 @@ def inputs(results_dir: Path, warn) -> list[dict]:
         best = curves.get(c["device_type"])
         if points and (best is None or c["world_size"] >= best[0]):
             curves[c["device_type"]] = (c["world_size"], points)
-    fields = ("model", "image_size", "precision", "batch_per_device", "data", "device_type")
-    keys = {tuple(r[k] for k in fields) + (results.hardware(r),): r for r in recs
+    fields = ("model", "image_size", "seq_len", "optimizer", "precision", "batch_per_device", "data", "device_type")
+    keys = {tuple(r.get(k) for k in fields) + (results.hardware(r),): r for r in recs
             if r["backend"] == "single" and r["world_size"] == 1 and r["device_type"] in curves}
     out = []
-    for *values, hw in keys:
+    for (*values, hw), base in keys.items():
         key = dict(zip(fields, values))
-        same = [x for x in recs if all(x[k] == v for k, v in key.items())
+        grad, source = gradient_bytes(base)
+        if grad is None and not unsized:
+            warn(f"no prediction for {key['model']}: {source}")
+            continue
+        same = [x for x in recs if all(x.get(k) == v for k, v in key.items())
                 and results.hardware(x) == hw and not x.get("options")]
         thr = stats.summarise_runs([stats.record_throughputs(x) for x in same if x["backend"] == "single"])["median"]
         measured = {}
@@ -75,7 +97,7 @@ def inputs(results_dir: Path, warn) -> list[dict]:
             if x["backend"] != "single":
                 measured.setdefault((x["backend"], x["world_size"]), []).append(stats.record_throughputs(x))
         out.append({**key, "hardware": hw, "t_compute": key["batch_per_device"] / thr,
-                    "throughput_1": thr, "grad_bytes": 4 * flops.parameter_count(key["model"]),
+                    "throughput_1": thr, "grad_bytes": grad, "grad_source": source,
                     "curve_world_size": curves[key["device_type"]][0], "curve": curves[key["device_type"]][1],
                     "measured": {k: stats.summarise_runs(v)["median"] for k, v in measured.items()}})
     return out

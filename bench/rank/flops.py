@@ -72,11 +72,15 @@ def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = N
 
 @lru_cache(maxsize=None)
 def parameter_count(model: str, seq_len: int | None = None) -> int:
-    """Parameters of the model (1000 classes for the torchvision ones), counted on the meta device."""
+    """Parameters of the model (1000 classes for the torchvision ones), counted on the meta device; a GPT's depend on
+    ``seq_len`` (its position embedding: give the run's). A user's model (``pkg.mod:factory``) is not counted: it
+    would be built in this process (its size is in its runs' records, ``state_bytes``)."""
     import torch
 
     from bench.core import workloads
 
+    if workloads.kind(model) == "custom":
+        raise ValueError(f"{model}: a user's model is not counted (it would be built in the harness)")
     if workloads.kind(model) == "language":
         return workloads.gpt_parameters(model, seq_len or workloads.DEFAULT_SEQ_LEN["cpu"])
     import torchvision

@@ -100,21 +100,44 @@ def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[
     return [("comm-split", f"{stem.name}-comm-split.png")]
 
 
+def gradient_sizes(summary_rows: list[dict]) -> tuple[dict[str, int], dict[str, str]]:
+    """Each model's gradient bytes, from its ok records (``_comm.gradient_bytes``; ``single``'s first, the DDP
+    baseline's fp32 parameters: a DeepSpeed run holds bf16 ones), named with the sequence length for a GPT (its
+    position embedding grows with it); and for a model whose size no record gives, why."""
+    from bench.commands import _comm
+
+    sizes, unknown = {}, {}
+    for r in sorted(summary_rows, key=lambda r: r["backend"] != "single"):
+        name = f"{r['model']} {workloads.shape(r)}" if workloads.size(r, "seq_len") else r["model"]
+        for rec in (r.get("_recs") or []) if r["model"] != "none" else []:
+            if rec["status"] != "ok" or name in sizes:
+                continue
+            size, why = _comm.gradient_bytes(rec)
+            if size:
+                sizes[name] = size
+                unknown.pop(name, None)
+            else:
+                unknown.setdefault(name, why)
+    return sizes, unknown
+
+
 def collectives_section(src: Path, out: Path, summary_rows: list[dict], warn) -> list[str]:
     from bench.core import comm
     from bench.core.text import human
-    from bench.rank import flops
 
     recs = comm.load(src, warn)
     if not recs:
         return []
+    grads, unknown = gradient_sizes(summary_rows)
     md = ["## Collectives (bench collectives)", "",
           "Bus bandwidth (GB/s) over the process group the backends use, nccl-tests' definitions: algbw = bytes / "
           "time; busbw = algbw × 2(n-1)/n for all_reduce, × (n-1)/n for reduce_scatter and all_gather, × 1 for "
           "broadcast. Timed as nccl-tests does: after warm-up, the timed operations run back to back between one "
           "pair of clock reads closed by one synchronize; time per operation, the slowest rank's. Every rank runs "
-          "the sizes that fit the tightest rank's free memory.", ""]
-    grads = {r["model"]: 4 * flops.parameter_count(r["model"]) for r in summary_rows if r["model"] != "none"}
+          "the sizes that fit the tightest rank's free memory. The dashed lines: each model's gradient, what DDP "
+          "all-reduces per step.", ""]
+    md += [f"- {name}: gradient size unknown, not drawn: {why}" for name, why in sorted(unknown.items())]
+    md += [""] if unknown else []
     for rec in sorted(recs, key=lambda r: (r["device_type"], r["world_size"], r["process_group"])):
         ops = list(dict.fromkeys(x["op"] for x in rec["results"]))
         by = {(x["op"], x["bytes"]): x["busbw_gbps"] for x in rec["results"]}
@@ -160,7 +183,12 @@ def prediction_section(src: Path) -> list[str]:
     from bench.commands import _comm
 
     md = []
-    for inp in _comm.inputs(src, warn=lambda msg: None):
+    for inp in _comm.inputs(src, warn=lambda msg: None, unsized=True):
+        title = " ".join(filter(None, [inp["model"], workloads.shape(inp), f"b{inp['batch_per_device']}/device",
+                                       inp["precision"], "on", inp["hardware"]]))
+        if inp["grad_bytes"] is None:
+            md += [f"**{title}**: no prediction: {inp['grad_source']}", ""]
+            continue
         rows = _comm.rows(inp, [2, 4, 8, 16, 64], "ddp", BUCKET_MB)
         body = []
         for r in rows:
@@ -168,10 +196,9 @@ def prediction_section(src: Path) -> list[str]:
             inside = None if m is None else ("yes" if lo - 0.02 <= m <= hi + 0.02 else "no")
             body.append([r["world_size"], f"{1000 * r['t_allreduce']:.1f} ms", f"{100 * lo:.1f} – {100 * hi:.1f} %",
                          None if m is None else f"{100 * m:.1f} %", inside])
-        md += [f"**{inp['model']} {workloads.shape(inp)} b{inp['batch_per_device']}/device {inp['precision']} on "
-               f"{inp['hardware']}**: t_compute {1000 * inp['t_compute']:.1f} ms (single@1), gradient "
-               f"{inp['grad_bytes'] / 2 ** 20:.1f} MiB in {BUCKET_MB:g} MiB buckets, all_reduce busbw from "
-               f"{inp['curve_world_size']} ranks", "",
+        md += [f"**{title}**: t_compute {1000 * inp['t_compute']:.1f} ms (single@1), gradient "
+               f"{inp['grad_bytes'] / 2 ** 20:.1f} MiB ({inp['grad_source']}) in {BUCKET_MB:g} MiB buckets, "
+               f"all_reduce busbw from {inp['curve_world_size']} ranks", "",
                md_table(["N", "all-reduce", "predicted efficiency (no .. full overlap)", "measured ddp",
                          "inside (±2 pts)"], body, {0, 1, 2, 3}), ""]
     if not md:
