@@ -10,11 +10,11 @@ import contextlib
 import torch.distributed as dist
 
 from backends.base import COMMON_KNOBS, build_model
-from backends.ddp import DDP
+from backends.ddp import DDP, SHARED_GPU
 
 
 class AllReduceManual(DDP):
-    knobs = COMMON_KNOBS
+    knobs = COMMON_KNOBS | {SHARED_GPU}
     sync = True
 
     def skip_gradient_sync(self):

@@ -19,12 +19,16 @@ from backends.base import COMMON_KNOBS, Backend, build_model, device_for
 
 DDP_KNOBS = frozenset({"ddp_bucket_mb", "ddp_static_graph", "ddp_grad_as_bucket_view", "ddp_find_unused",
                        "ddp_comm_hook"})
+# --ranks-per-gpu N: N ranks share each GPU over gloo, whose all-reduce and broadcast take CUDA tensors (NCCL refuses
+# two ranks on one device). The DDP family only (ddp, ddp_spawn, ddp_amp_syncbn, ddp_zero, allreduce_manual): FSDP2,
+# DeepSpeed and Horovod keep NCCL. A check of multi-rank logic on a one-GPU machine, not a measurement.
+SHARED_GPU = "ranks_per_gpu"
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 POWERSGD_RANK, POWERSGD_START = 2, 2
 
 
 class DDP(Backend):
-    knobs = COMMON_KNOBS | DDP_KNOBS
+    knobs = COMMON_KNOBS | DDP_KNOBS | {SHARED_GPU}
 
     def unavailable(self, cfg):
         if (cfg.options or {}).get("ddp_comm_hook") == "powersgd" and cfg.device_type == "cpu":
@@ -44,7 +48,7 @@ class DDP(Backend):
         model = self.prepare_model(cfg, build_model(cfg).to(self.device))
         o = cfg.options or {}
         ddp = DistributedDataParallel(
-            model, device_ids=[self.local_rank] if cfg.device_type == "cuda" else None,
+            model, device_ids=[self.device.index] if cfg.device_type == "cuda" else None,
             bucket_cap_mb=o.get("ddp_bucket_mb"), static_graph=bool(o.get("ddp_static_graph")),
             gradient_as_bucket_view=bool(o.get("ddp_grad_as_bucket_view")),
             find_unused_parameters=bool(o.get("ddp_find_unused")))
@@ -74,8 +78,9 @@ class DDP(Backend):
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
-        self.device = device_for(cfg, self.local_rank)
-        if cfg.device_type == "cuda":  # bind the NCCL communicator to this rank's GPU up front
+        per_gpu = (cfg.options or {}).get(SHARED_GPU) or 1
+        self.device = device_for(cfg, self.local_rank // per_gpu)
+        if cfg.device_type == "cuda" and per_gpu == 1:  # bind the NCCL communicator to this rank's GPU up front
             dist.init_process_group("nccl", device_id=self.device)
         else:
             dist.init_process_group("gloo")

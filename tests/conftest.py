@@ -72,19 +72,128 @@ def records(directory) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json")) if not p.name.startswith(".")]
 
 
-# One GPU is never shared by two tests: under pytest-xdist (`make test`) a `gpu` test runs while holding this lock,
-# which also keeps two test sessions on one machine apart. A module's tests stay on one worker (--dist loadscope),
-# so its module fixtures (one run feeding many assertions) run once.
+# How many `gpu` tests may use the GPUs at once, machine-wide: under pytest-xdist (`make test`) a `gpu` test runs while
+# holding one of BENCH_GPU_TEST_SLOTS lock files (default 1: one GPU is never shared by two tests, which also keeps
+# two test sessions on one machine apart). The gpu tests assert what ran, never how fast, and each run is tiny, so
+# `bench doctor` (make gpu-check) runs several at once: most of a run is processes starting. A module's tests stay on
+# one worker (--dist loadscope), so its module fixtures (one run feeding many assertions) run once.
+GPU_SLOTS = max(1, int(os.environ.get("BENCH_GPU_TEST_SLOTS", "1")))
 GPU_LOCK = Path(tempfile.gettempdir()) / f"torch-parallel-bench-gpu-{os.getuid()}.lock"
+
+
+def _gpu_slot():
+    """An open, exclusively locked slot file (waits until one is free)."""
+    import time
+
+    while True:
+        for i in range(GPU_SLOTS):
+            lock = open(GPU_LOCK if i == 0 else GPU_LOCK.with_name(f"{GPU_LOCK.stem}-{i}.lock"), "a")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if GPU_SLOTS > 1 else 0))
+                return lock
+            except BlockingIOError:
+                lock.close()
+        time.sleep(0.2)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     if not (item.get_closest_marker("gpu") and torch.cuda.is_available()):
         return (yield)
-    with open(GPU_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _gpu_slot():
         return (yield)
+
+
+# BENCH_TEST_PROGRESS=1 (bench doctor sets it): one line per test as it finishes, with its outcome and its time
+# (setup, call and teardown: a module fixture's runs count for the test that started them), flushed at once, so the
+# log of a check killed by its time limit still says what passed, what failed and what took the time.
+_PROGRESS: dict[str, list] = {}
+
+
+def pytest_configure(config):
+    global _CONFIG
+    _CONFIG = config
+
+
+_CONFIG = None
+
+
+def pytest_runtest_logreport(report):
+    # the controller prints (under pytest-xdist it receives every worker's reports); workers print nothing
+    if os.environ.get("BENCH_TEST_PROGRESS") != "1" or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    seen = _PROGRESS.setdefault(report.nodeid, [0.0, "passed", ""])
+    seen[0] += report.duration
+    if report.failed:
+        seen[1] = "failed" if report.when == "call" else "error"
+    elif report.skipped and seen[1] == "passed":
+        seen[1] = "skipped"
+        seen[2] = str(report.longrepr[2]).removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else ""
+    if report.when == "teardown":
+        _, outcome, why = _PROGRESS.pop(report.nodeid)
+        line = f"{PROGRESS_MARK} {report.nodeid} {outcome} {seen[0]:.1f} s" + (f" ({why})" if why else "")
+        terminal = _CONFIG.pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
+        if terminal is not None:
+            terminal.ensure_newline()
+            terminal.write_line(line, flush=True)
+        else:
+            print(line, flush=True)
+
+
+PROGRESS_MARK = "[test done]"  # bench/commands/doctor.py reads these lines
+
+
+# Optional dependencies a machine may lack (a GPU machine with no package registry had no DALI, DeepSpeed or HTA):
+# a test that needs one skips with the reason and the fix, and fails none. `.ci/run` sets BENCH_REQUIRE_OPTIONAL=1:
+# there `make` installed every locked package, so a missing one is a broken install, not a skip.
+REQUIRE_OPTIONAL = os.environ.get("BENCH_REQUIRE_OPTIONAL") == "1"
+
+
+def optional_problem(what: str) -> str | None:
+    """Why the optional dependency ``what`` (dali, deepspeed, hta, nvml, horovod) cannot be used here, or None.
+    Cheap where it can be (a test module calls it at collection): DeepSpeed is found, not imported."""
+    import importlib.util
+
+    if what == "dali":
+        from bench.rank import loaders
+
+        return loaders.unavailable("dali")
+    if what == "deepspeed":
+        return None if importlib.util.find_spec("deepspeed") else "deepspeed is not installed (make install does)"
+    if what == "hta":
+        return None if importlib.util.find_spec("hta") else ("Holistic Trace Analysis is not installed "
+                                                            "(holistictraceanalysis; make install does)")
+    if what == "nvml":
+        from bench.core import results
+
+        return results.nvml_gpus().get("error")
+    if what == "horovod":
+        from backends import horovod
+
+        return horovod.problem()
+    raise ValueError(f"unknown optional dependency {what!r}")
+
+
+def skip_without(*what: str) -> None:
+    """Skip the calling test, with the reason, when one of the optional dependencies ``what`` is missing (a failure
+    instead under BENCH_REQUIRE_OPTIONAL=1)."""
+    for name in what:
+        problem = optional_problem(name)
+        if problem is not None:
+            if REQUIRE_OPTIONAL:
+                pytest.fail(f"BENCH_REQUIRE_OPTIONAL=1 and {name} cannot be used: {problem}")
+            pytest.skip(problem)
+
+
+# A gpu test of 2 ranks on a machine with one GPU: the DDP family shares it over gloo (--ranks-per-gpu 2); the others
+# need one GPU per rank, and say why they skip.
+NEEDS_TWO_GPUS = ("needs 2 CUDA devices: NCCL refuses two ranks on one device, and {} has no gloo path for CUDA tensors "
+                  "here (only the DDP family shares one GPU between ranks: --ranks-per-gpu)")
+
+
+def two_gpus(what: str):
+    """Skip a test of ``what`` at 2 ranks where fewer than 2 GPUs exist, with the reason."""
+    return pytest.mark.skipif(torch.cuda.device_count() < 2, reason=NEEDS_TWO_GPUS.format(what))
 
 
 @pytest.fixture

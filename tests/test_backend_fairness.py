@@ -18,9 +18,8 @@ import backends
 from backends import fsdp2 as fsdp2_module
 from bench.core.config import RunConfig
 from bench.rank import record, train
-from tests.conftest import bench, records
+from tests.conftest import bench, records, skip_without, two_gpus
 
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 
 
 def tiny_cfg(backend: str, precision: str = "fp32", **options) -> RunConfig:
@@ -169,7 +168,7 @@ def test_fsdp2_compute_only_step_gives_the_scaler_sharded_grads(two_ranks):
         assert seen["reduce_grads_restored"] is True
 
 
-@two_gpus
+@two_gpus("FSDP2")
 @pytest.mark.gpu
 def test_fsdp2_fp16_on_two_gpus_measures_compute_only(results_dir):
     proc = bench("run", "--backends", "fsdp2", "--gpus", 2, "--device", "cuda", "--model", "resnet18",
@@ -183,9 +182,10 @@ def test_fsdp2_fp16_on_two_gpus_measures_compute_only(results_dir):
     assert rec["replicas_consistent"] is True
 
 
-@two_gpus
+@two_gpus("DeepSpeed")
 @pytest.mark.gpu
 def test_deepspeed_fp16_on_two_gpus_reduces_in_fp32_and_counts_its_skips(results_dir):
+    skip_without("deepspeed")
     proc = bench("run", "--backends", "ds_zero1,ds_zero2,ds_zero3", "--gpus", 2, "--device", "cuda", "--model",
                  "resnet18", "--image-size", "64", "--batch-size", "16", "--warmup", "3", "--steps", "3",
                  "--windows", "3", "--precision", "fp16", "--results", results_dir)

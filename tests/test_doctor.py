@@ -1,5 +1,8 @@
 """bench doctor (make gpu-check): its plan, its one table (from hand-built records), its refusal without CUDA and
-its exit status. The real check runs on a GPU machine only; everything it decides is checked here in-process."""
+its exit status, and its real pytest subprocess (every gpu test skips here). The real check runs on a GPU machine only;
+everything it decides is checked here."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -59,8 +62,8 @@ def test_the_table_shows_every_column_and_skips_with_their_reasons():
             rec("horovod", "fp32", "skipped", reason="Horovod is not installed (make horovod)"),
             rec("fsdp2", "fp16", "failed", reason="RuntimeError: No inf checks were recorded for this optimizer."),
             rec("dp", "fp32", energy_reason=None, note="one process drives 2 GPUs", mfu=None, joules_per_image=None),
-            {"backend": "ds_zero3", "world_size": 2, "precision": "fp16", "status": "not run",
-             "reason": "time budget: 1200 s spent"}]
+            {"backend": "ds_zero3", "world_size": 2, "precision": "fp16", "status": "not run (budget)",
+             "reason": "the 1200 s budget was spent"}]
     lines = doctor.table(TESTS, rows).splitlines()
     assert lines[0] == "| backend | GPUs | precision | status | img/s | peak reserved per GPU | MFU | J/image | why / note |"
     assert lines[1] == "|---|---:|---|---|---:|---:|---:|---:|---|"
@@ -71,19 +74,57 @@ def test_the_table_shows_every_column_and_skips_with_their_reasons():
     assert lines[5] == ("| fsdp2 | 2 | fp16 | failed |  |  |  |  | RuntimeError: No inf checks were recorded for this "
                         "optimizer. |")
     assert lines[6] == "| dp | 2 | fp32 | ok | 2,345.7 | 0: 10.00 · 1: 11.00 GiB |  |  | one process drives 2 GPUs |"
-    assert lines[7] == "| ds_zero3 | 2 | fp16 | not run |  |  |  |  | time budget: 1200 s spent |"
+    assert lines[7] == "| ds_zero3 | 2 | fp16 | not run (budget) |  |  |  |  | the 1200 s budget was spent |"
     assert len(lines) == 8
 
 
-def test_exit_status_fails_on_a_failed_test_a_failed_run_a_timeout_or_diverged_replicas():
+def test_exit_status_fails_on_a_failed_test_a_failed_run_or_diverged_replicas_and_under_full_on_the_budget():
     ok_tests = {**TESTS, "failed": 0, "failures": []}
-    assert doctor.failed(ok_tests, [rec("ddp", "fp32"), rec("horovod", "fp32", "skipped")]) is False
-    assert doctor.failed(None, [rec("ddp", "fp32")]) is False
-    assert doctor.failed(TESTS, [rec("ddp", "fp32")]) is True
-    assert doctor.failed({**ok_tests, "timed_out": True}, []) is True
-    assert doctor.failed(ok_tests, [rec("fsdp2", "fp16", "failed")]) is True
-    assert doctor.failed(ok_tests, [{"status": "not run"}]) is True
-    assert doctor.failed(ok_tests, [rec("ddp", "fp32", replicas_consistent=False)]) is True
+    for full in (True, False):
+        assert doctor.failed(ok_tests, [rec("ddp", "fp32"), rec("horovod", "fp32", "skipped")], full) is False
+        assert doctor.failed(None, [rec("ddp", "fp32")], full) is False
+        assert doctor.failed(TESTS, [rec("ddp", "fp32")], full) is True
+        assert doctor.failed(ok_tests, [rec("fsdp2", "fp16", "failed")], full) is True
+        assert doctor.failed(ok_tests, [rec("ddp", "fp32", replicas_consistent=False)], full) is True
+        # what the budget left out: a failure of the full check only (the quick tier lists it)
+        assert doctor.failed({**ok_tests, "timed_out": True}, [], full) is full
+        assert doctor.failed(ok_tests, [{"status": "not run (budget)"}], full) is full
+    assert doctor.failed({**TESTS, "timed_out": True}, [], False) is True  # a test that failed before the budget ran out
+
+
+def test_the_tests_row_of_a_check_the_budget_stopped():
+    stopped = {**TESTS, "failed": 0, "failures": [], "skips": {}, "timed_out": True, "seconds": 270.4, "finished": [
+        ("tests/test_gpu_one.py::test_a", "passed", 12.0, "")] * 3, "passed": 3, "skipped": 0}
+    assert doctor.tests_row(stopped, full=False)[3] == "not run (budget): 3 passed, 0 failed, 0 skipped"
+    assert doctor.tests_row(stopped, full=True)[3] == "failed: 3 passed, 0 failed, 0 skipped"
+    assert doctor.tests_row(stopped)[8] == "stopped by the time budget after 270 s with 3 test(s) finished (log: x.log)"
+
+
+def test_progress_lines_are_read_back():
+    assert doctor.parse_progress("..[test done] tests/test_gpu.py::test_x[fp16] passed 12.3 s") == (
+        "tests/test_gpu.py::test_x[fp16]", "passed", 12.3, "")
+    assert doctor.parse_progress("[test done] tests/t.py::test_y skipped 0.0 s (needs 2 CUDA devices: NCCL (x))") == (
+        "tests/t.py::test_y", "skipped", 0.0, "needs 2 CUDA devices: NCCL (x)")
+    assert doctor.parse_progress("[test done] garbage") is None
+
+
+@pytest.mark.slow
+def test_the_gpu_tests_really_run_from_the_repository_root(tmp_path, monkeypatch):
+    """The real subprocess, not a fake: doctor.py moved into bench/commands/ and ran `pytest ... tests` from bench/,
+    where pytest found no `tests` and exited 4 ("failed: pytest exited 4" on every GPU machine). Here, with no GPU,
+    every gpu test is collected and skips with its reason; each one's progress line comes back. Started from another
+    directory with a relative results path, as a user may."""
+    monkeypatch.chdir(tmp_path)
+    t = doctor.run_tests(600, Path("rel") / "doctor", jobs=1)
+    assert t["timed_out"] is False and t["failed"] == 0 and t["failures"] == [], Path(t["log"]).read_text()[-3000:]
+    assert t["passed"] == 0 and t["skipped"] >= 30 and sum(t["skips"].values()) == t["skipped"]
+    assert len(t["finished"]) == t["skipped"] and {o for _, o, _, _ in t["finished"]} == {"skipped"}
+    assert all(name.startswith("tests/test_") for name, _, _, _ in t["finished"])
+    assert (tmp_path / "rel" / "doctor" / "gpu-tests.xml").is_file()
+    # a budget that cannot hold the session: the process group is stopped, and nothing counts as failed
+    t = doctor.run_tests(0.5, tmp_path / "short", jobs=1)
+    assert t["timed_out"] is True and t["failed"] == 0 and t["seconds"] < 30
+    assert doctor.tests_row(t, full=False)[3].startswith("not run (budget)")
 
 
 def test_junit_summary(tmp_path):
@@ -117,11 +158,102 @@ def test_runs_that_no_longer_fit_the_budget_are_listed_not_launched(monkeypatch,
 
     monkeypatch.setattr(launch, "run_one", run_one)
     with pytest.raises(SystemExit) as e:
-        cli.main(["doctor", "--skip-tests", "--budget-s", "450", "--run-timeout", "150", "--results", str(tmp_path)])
-    assert e.value.code == 1  # runs left out: the check did not finish
+        cli.main(["doctor", "--full", "--skip-tests", "--budget-s", "450", "--run-timeout", "150",
+                  "--results", str(tmp_path)])
+    assert e.value.code == 1  # runs left out of the full check: it did not finish
     # the clock reads 0 at the start, then 100 s more before each planned run: 350, 250, 150 s left get the
     # per-run cap, 50 s left gets 50 s, and from -50 s on (under doctor.MIN_RUN_S) nothing is launched
     assert launched == [(b, "fp32", t) for b, t in zip(backends.names()[:4], (150, 150, 150, 50))]
     out = capsys.readouterr().out
-    assert out.count("| not run |") == 3 * len(backends.names()) - 4
+    assert out.count("| not run (budget) |") == 3 * len(backends.names()) - 4
     assert (tmp_path / "doctor.md").read_text().strip() == out[out.index("| backend"):].strip()
+    # the quick tier: every backend once, at bf16, in 450 s; what the budget leaves out is listed, not a failure
+    launched.clear()
+    clock = iter(range(0, 100000, 100))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["doctor", "--skip-tests", "--results", str(tmp_path / "quick")])
+    assert e.value.code == 0
+    assert launched == [(b, "bf16", t) for b, t in zip(backends.names()[:4], (150, 150, 150, 50))]
+    out = capsys.readouterr().out
+    assert out.count("| not run (budget) |") == len(backends.names()) - 4 and "bench doctor (quick)" in out
+
+
+# --ranks-per-gpu: the 2-rank gpu tests on a one-GPU machine (tests/test_gpu.py two_ranks)
+
+def test_ranks_per_gpu_plans_two_ranks_on_one_gpu_for_the_ddp_family_only(monkeypatch):
+    from bench.commands import _plan
+
+    fake_cuda(monkeypatch, 1)
+    args = _plan.parse_run(["--backends", "all", "--gpus", "2", "--ranks-per-gpu", "2", "--device", "cuda"])
+    configs, _ = _plan.plan(args)
+    runs = {c.backend: c for c in configs}
+    assert {c.world_size for c in configs if c.backend != "single"} == {2} and "single" not in runs
+    shared = {n for n, c in runs.items() if backends.create(n).unavailable(c) is None}
+    assert shared == {"ddp", "ddp_spawn", "ddp_amp_syncbn", "ddp_zero", "allreduce_manual"}
+    assert runs["ddp"].options == {"ranks_per_gpu": 2}  # part of the configuration key: never mixed with real runs
+    assert backends.create("fsdp2").unavailable(runs["fsdp2"]).startswith("fsdp2 cannot honour --ranks-per-gpu")
+    # one rank per GPU is the default, and recorded as nothing
+    configs, _ = _plan.plan(_plan.parse_run(["--backends", "ddp", "--gpus", "1", "--ranks-per-gpu", "1"]))
+    assert configs[0].options == {}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gpus", "3", "--ranks-per-gpu", "2", "--device", "cuda"],
+     "--gpus 3: this machine has 2 rank slots (1 CUDA device(s) x --ranks-per-gpu 2)"),
+    (["--gpus", "2", "--device", "cuda"], "--gpus 2: this machine has 1 CUDA device(s)"),
+    (["--gpus", "2", "--ranks-per-gpu", "0", "--device", "cuda"], "--ranks-per-gpu must be a positive integer, got 0"),
+])
+def test_ranks_per_gpu_bad_input_is_one_line(monkeypatch, capsys, argv, message):
+    fake_cuda(monkeypatch, 1)
+    code, err = cli_error(capsys, "run", "--backends", "ddp", *argv)
+    assert (code, err) == (2, f"bench: error: {message}\n")
+
+
+def test_ranks_per_gpu_is_refused_on_the_cpu(capsys):
+    code, err = cli_error(capsys, "run", "--backends", "ddp", "--device", "cpu", "--gpus", "2", "--ranks-per-gpu", "2")
+    assert (code, err) == (2, "bench: error: --ranks-per-gpu 2 shares CUDA devices between ranks; this run is on the "
+                              "CPU, where --gpus already counts worker processes\n")
+
+
+def test_ranks_sharing_a_gpu_take_gloo_and_the_shared_device(monkeypatch):
+    """What a rank of the DDP family does under --ranks-per-gpu 2 on one GPU, with torch's CUDA and process-group
+    calls recorded instead of made (no GPU here): gloo, not NCCL, and device cuda:0 for both local ranks."""
+    import torch.distributed as dist
+
+    from backends import ddp
+    from bench.core.config import RunConfig
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(("set_device", i)))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw.get("device_id"))))
+    for local, shared in ((0, 2), (1, 2), (1, 1)):
+        monkeypatch.setenv("RANK", str(local))
+        monkeypatch.setenv("LOCAL_RANK", str(local))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=2, device_type="cuda", model="resnet18",
+                        image_size=32, batch_size=2, warmup=2, steps=1, windows=1,
+                        options={"ranks_per_gpu": shared} if shared > 1 else {})
+        b = ddp.DDP("ddp", "torchrun")
+        b.init_process_group(cfg)
+        assert b.device == torch.device("cuda", local // shared)
+    assert calls == [("set_device", 0), ("gloo", None), ("set_device", 0), ("gloo", None),
+                     ("set_device", 1), ("nccl", torch.device("cuda", 1))]
+
+
+def test_a_test_that_needs_a_missing_dependency_skips_with_the_reason_or_fails_where_it_is_required(monkeypatch):
+    """A GPU machine without DALI, DeepSpeed, HTA or NVML skips the tests that need them (the first H200 had none of
+    the first three); .ci/run, where make installed every locked package, makes that a failure."""
+    import importlib.util
+
+    from tests import conftest
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    assert conftest.optional_problem("deepspeed") == "deepspeed is not installed (make install does)"
+    monkeypatch.setattr(conftest, "REQUIRE_OPTIONAL", False)
+    with pytest.raises(pytest.skip.Exception, match=r"^deepspeed is not installed \(make install does\)$"):
+        conftest.skip_without("hta", "deepspeed")
+    monkeypatch.setattr(conftest, "REQUIRE_OPTIONAL", True)
+    with pytest.raises(pytest.fail.Exception, match="BENCH_REQUIRE_OPTIONAL=1 and deepspeed cannot be used"):
+        conftest.skip_without("deepspeed")
+    conftest.skip_without("hta")  # installed here: nothing happens

@@ -12,7 +12,7 @@ from PIL import Image
 from bench.commands import report
 from bench.core import results
 from bench.rank import data, folders, loaders
-from tests.conftest import bench_inproc, cli_error, records
+from tests.conftest import bench_inproc, cli_error, records, skip_without
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
 EMPTY, LINKED = "n09999999", "n05555555"
@@ -92,6 +92,8 @@ def read_epoch(source, n):
 
 @pytest.mark.parametrize("name", loaders.LOADERS)
 def test_each_rank_reads_a_disjoint_shard_and_the_shards_cover_the_set(tree, name):
+    if name == "dali":
+        skip_without("dali")
     # torchvision: 18 samples a rank (35 padded to 36), read in full batches of 3 with nothing dropped
     ranks = sources(tree, name, world=2, batch=3 if name == "torchvision" else 4)
     n = N_FILES if name == "torchvision" else N_FILES - 1  # DALI's list is pre-filtered (the corrupt file)
@@ -135,6 +137,8 @@ def test_the_torchvision_source_pins_memory_for_a_gpu_and_passes_rank_and_seed_o
 @pytest.mark.parametrize("name,decode", [("torchvision", "cpu"), ("torchvision", "gpu"), ("dali", "cpu")])
 def test_every_loader_reads_odd_images_skips_corrupt_ones_and_keeps_batches_full(tree, name, decode, capfd):
     """torchvision's gpu path runs here with decode_jpeg on the CPU device: the same code the GPU runs."""
+    if name == "dali":
+        skip_without("dali")
     if name == "torchvision" and decode == "gpu":
         source = loaders.tv.TorchvisionSource(str(tree), 32, 4, 0, 0, 1, False, torch.device("cpu"), "gpu")
     else:
@@ -204,6 +208,7 @@ def test_flat_val_with_a_labels_file(tree, tmp_path, labels):
 
 @pytest.mark.slow
 def test_dali_ddp_run_with_eval_on_flat_val_records_loader_empty_classes_and_skips(tree, results_dir):
+    skip_without("dali")
     proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *SMALL, "--data", "imagenet", "--data-dir", tree,
                         "--loader", "dali", "--eval", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -220,6 +225,7 @@ def test_dali_ddp_run_with_eval_on_flat_val_records_loader_empty_classes_and_ski
 
 
 def test_loader_ceiling_for_every_loader_and_the_input_bound_report(tree, tmp_path, capsys):
+    skip_without("dali")  # every loader, DALI included
     raw = tmp_path / "raw"
     proc = bench_inproc("loader", "--data-dir", tree, "--workers", 0, "--batch-size", 4, "--image-size", 32, "--batches", 3,
                         "--warmup-batches", 1, "--ranks", 2, "--results", raw)
@@ -301,6 +307,8 @@ def test_missing_dali_skips_the_run_with_the_fix(monkeypatch, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_decode_batches_are_on_the_gpu_and_full(tree, name):
+    if name == "dali":
+        skip_without("dali")
     source = loaders.build(name, "gpu", str(tree), 32, 4, 1, 0, 1, distributed=False, device=torch.device("cuda:0"))
     timed = data.TimedBatches(source, torch.device("cuda:0"))
     while timed.epoch == 0:
@@ -313,6 +321,8 @@ def test_gpu_decode_batches_are_on_the_gpu_and_full(tree, name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("loader", loaders.LOADERS)
 def test_gpu_decode_run(tree, results_dir, loader):
+    if loader == "dali":
+        skip_without("dali")
     proc = bench_inproc("run", "--backends", "single", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
                         "--image-size", "32", "--batch-size", "4", "--workers", "1", "--warmup", "2", "--steps", "2",
                         "--windows", "2", "--data", "imagenet", "--data-dir", tree, "--loader", loader, "--decode", "gpu",
@@ -326,6 +336,7 @@ def test_gpu_decode_run(tree, results_dir, loader):
 # Issue 24: DALI's shuffle and copy, DALI's build, bench loader's device, the GPU decoder, real-data memory
 
 def test_dali_reader_is_shuffled_from_the_first_batch_and_every_rank_sees_every_class(tree):
+    skip_without("dali")
     from bench.rank.loaders import dali
 
     files = [f"f{i}" for i in range(10)]
@@ -455,6 +466,7 @@ def test_real_data_memory_comes_from_nvml_in_the_report(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_dali_decode_cpu_batches_leave_the_pipeline_on_the_gpu(tree):
     """The pipeline itself copies (pinned staging, async): the source's own output is already on the GPU."""
+    skip_without("dali")
     (source,) = [loaders.build("dali", "cpu", str(tree), 32, 4, 1, 0, 1, distributed=False,
                                device=torch.device("cuda:0"))]
     images, targets, _ = next(iter(source.epoch(0)))

@@ -177,8 +177,9 @@ def test_energy_fields_without_nvml_are_empty_with_the_reason():
 def test_energy_on_one_gpu_over_a_span_the_counter_resolves(tmp_path):
     """Replaces test_gpu.py's watts-on-10-ms-windows check: the span here lasts over a second (NVML's counter
     moves every 20-100 ms), and the figures are read off that span."""
-    from tests.conftest import bench_inproc, records
+    from tests.conftest import bench_inproc, records, skip_without
 
+    skip_without("nvml")
     proc = bench_inproc("run", "--backends", "single", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
                         "--image-size", "224", "--batch-size", "64", "--warmup", "3", "--steps", "40", "--windows", "3",
                         "--results", tmp_path)

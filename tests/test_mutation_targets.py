@@ -67,11 +67,12 @@ def built(model, name):
     return build_model
 
 
-def fake_init(b, name, local_rank=0):
-    """DDP.init_process_group without a process group: rank 0 of 2, on the CPU."""
+def fake_init(b, name, local_rank=0, device=torch.device("cpu")):
+    """DDP.init_process_group without a process group: rank 0 of 2, on the CPU (or ``device``, which nothing here
+    touches)."""
     def init_process_group(cfg):
         assert cfg.backend == name, cfg
-        b.rank, b.world_size, b.local_rank, b.device = 0, 2, local_rank, torch.device("cpu")
+        b.rank, b.world_size, b.local_rank, b.device = 0, 2, local_rank, device
 
     return init_process_group
 
@@ -196,6 +197,8 @@ def test_ddp_is_built_with_the_knobs_and_the_hook(monkeypatch, options, expected
     assert prepared == [("ddp", model)] and model.moved_to == torch.device("cpu")
     cuda = cfg_for(options=options)
     cuda.device_type = "cuda"  # the rest is faked: only what DDP is handed is checked
+    monkeypatch.setattr(model, "to", lambda *a, **k: model)  # no GPU here: nothing moves
+    monkeypatch.setattr(b, "init_process_group", fake_init(b, "ddp", local_rank=1, device=torch.device("cuda", 1)))
     b.setup(cuda)
     assert b.model.kwargs["device_ids"] == [1]  # this rank's own GPU
 

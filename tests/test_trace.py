@@ -11,7 +11,7 @@ import pytest
 import backends
 from bench.commands import _summary
 from bench.core import results, traces
-from tests.conftest import TINY, bench_inproc, cli_error, records
+from tests.conftest import TINY, bench_inproc, cli_error, records, skip_without
 
 
 def event(name, ts, dur, cat="user_annotation"):
@@ -262,6 +262,7 @@ def test_bench_trace_bad_input_is_one_line(tmp_path, capsys, make_file, args, me
 # --- GPU traces: Holistic Trace Analysis, on a trace made like a CUDA machine's (tests/gpu_trace.py) ---------------
 
 def test_hta_reads_the_known_overlap_idle_time_and_kernel_types_of_a_gpu_trace(tmp_path):
+    skip_without("hta")
     from tests import gpu_trace
 
     paths = gpu_trace.write(tmp_path)
@@ -292,6 +293,7 @@ def test_without_hta_the_trace_says_how_to_install_it_and_a_bad_trace_says_why(t
 
 
 def test_bench_trace_adds_hta_s_table_for_gpu_traces(tmp_path, capsys):
+    skip_without("hta")
     from bench import cli
     from tests import gpu_trace
 
@@ -357,6 +359,7 @@ def test_the_report_sets_the_trace_s_exposed_communication_beside_the_compute_on
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_a_traced_cuda_run_has_hta_s_analysis_on_every_rank(tmp_path):
     """On a GPU machine: the trace holds the CUDA kernels, and Holistic Trace Analysis reads them in the rank."""
+    skip_without("hta")
     from tests.conftest import bench
     from tests.test_gpu import GPU_RUN
 

@@ -56,6 +56,9 @@ def add_run_arguments(r) -> None:
     k.add_argument("--ds-bucket-mb", type=float,
                    help="DeepSpeed reduce and all-gather buckets, MiB of fp32 elements (default 25, DDP's; DeepSpeed's "
                         "own 5e8 elements would allocate 1907 MiB per bucket on every rank)")
+    k.add_argument("--ranks-per-gpu", type=int,
+                   help="CUDA: start N ranks on each GPU, over gloo instead of NCCL (which refuses two ranks on one "
+                        "device); the DDP family only. Checks multi-rank logic on fewer GPUs: not a measurement")
     k.add_argument("--channels-last", action="store_true",
                    help="NHWC model and inputs (torch.channels_last); fsdp2, ds_zero* and ddp_zero keep NCHW parameters "
                         "(recorded in backend_info.channels_last)")
@@ -99,8 +102,11 @@ def parse_run(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, present: int) -> list[int]:
+def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, present: int, per_gpu: int = 1) -> list[int]:
+    """The world sizes to run; ``present`` counts the ranks this machine can hold (devices x ``per_gpu``)."""
     unit = "CUDA device(s)" if device_type == "cuda" else "CPU cores (one worker per core)"
+    if per_gpu > 1:
+        unit = f"rank slots ({present // per_gpu} CUDA device(s) x --ranks-per-gpu {per_gpu})"
     if gpus and max_gpus:
         raise UsageError("give --gpus (a list of world sizes) or --max-gpus (a sweep), not both")
     if gpus:
@@ -161,7 +167,13 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     """Every configuration to run once, in sweep order (``interleave`` adds the repetitions)."""
     from bench.rank import data, loaders
 
+    check_knobs(args)
     device_type, present = detect_device(args.device)
+    per_gpu = getattr(args, "ranks_per_gpu", None) or 1
+    if per_gpu > 1 and device_type != "cuda":
+        raise UsageError(f"--ranks-per-gpu {per_gpu} shares CUDA devices between ranks; this run is on the CPU, where "
+                         "--gpus already counts worker processes")
+    present *= per_gpu  # ranks, not devices, are what a world size counts
     nodes, nnodes = _nodes.parse_nodes(args), 1
     if getattr(args, "external", False):
         if nodes is not None:
@@ -171,10 +183,11 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     elif nodes is not None:
         if args.max_gpus or (args.gpus and "," in args.gpus):
             raise UsageError("with --nnodes, --gpus is the number of processes per node (one value)")
-        per_node = world_sizes(args.gpus or str(present if device_type == "cuda" else 1), None, device_type, present)
+        per_node = world_sizes(args.gpus or str(present if device_type == "cuda" else 1), None, device_type, present,
+                               per_gpu)
         nnodes, sizes = nodes.nnodes, [nodes.nnodes * per_node[0]]
     else:
-        sizes = world_sizes(args.gpus, args.max_gpus, device_type, present)
+        sizes = world_sizes(args.gpus, args.max_gpus, device_type, present, per_gpu)
     names = parse_backends(args.backends)
     d = DEFAULTS[device_type]
     model = args.model or d["model"]
@@ -184,7 +197,6 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     if args.repeat is not None and args.repeat < 1:
         raise UsageError(f"--repeat must be a positive integer, got {args.repeat}")
     cudnn = None if args.cudnn_benchmark is None else ON_OFF[args.cudnn_benchmark]
-    check_knobs(args)
     configs, notes = [], []
 
     def add(name, n, precision, cudnn_benchmark, note=None):
@@ -299,7 +311,8 @@ def interleave(configs: list[RunConfig], repeats: int) -> list[RunConfig]:
 
 
 KNOBS = ("ddp_bucket_mb", "ddp_static_graph", "ddp_grad_as_bucket_view", "ddp_find_unused", "ddp_comm_hook",
-         "hvd_fusion_mb", "hvd_cycle_ms", "ds_bucket_mb", "channels_last", "compile", "activation_checkpointing")
+         "hvd_fusion_mb", "hvd_cycle_ms", "ds_bucket_mb", "channels_last", "compile", "activation_checkpointing",
+         "ranks_per_gpu")
 
 
 def backend_options(name: str, args) -> dict:
@@ -309,7 +322,7 @@ def backend_options(name: str, args) -> dict:
     options = {"compression": args.hvd_compression} if name == "horovod" else {}
     for knob in KNOBS:
         value = getattr(args, knob, None)
-        if value not in (None, False, "none"):
+        if value not in (None, False, "none") and not (knob == "ranks_per_gpu" and value == 1):
             options[knob] = value
     return options
 
@@ -320,6 +333,8 @@ def check_knobs(args) -> None:
         if value is not None and not value > low:
             bound = "a non-negative number" if low < 0 else "a positive number"
             raise UsageError(f"--{knob.replace('_', '-')} must be {bound}, got {value:g}")
+    if getattr(args, "ranks_per_gpu", None) is not None and args.ranks_per_gpu < 1:
+        raise UsageError(f"--ranks-per-gpu must be a positive integer, got {args.ranks_per_gpu}")
 
 
 def _pick(value, default):
