@@ -6,8 +6,12 @@
 # A CUDA torch needs a CUDA toolkit of torch's CUDA version (Horovod's CMake always compiles its CUDA parts
 # then): CUDA_HOME if set, else a matching system toolkit, else one assembled from PyPI's compiler wheels
 # pinned to torch's nvidia-cuda-runtime version, in BENCH_CUDA_CACHE (scripts/cuda_toolkit.py ensure).
+# Offline (no package registry): WHEELS=DIR, a folder from `make wheels` (its Horovod source archive and the build and
+# runtime requirements), or pip's own PIP_NO_INDEX=1 with PIP_FIND_LINKS: every pip this script starts, and those that
+# Horovod's setup.py (setup_requires), cuda_toolkit.py and setuptools start, then reads that folder only.
 # Usage: scripts/build_horovod.sh [VENV_DIR]          (default: <repo>/.venv)
-# Env:   HOROVOD_VERSION (0.28.1)   BENCH_WHEEL_CACHE (~/.cache/torch-parallel-bench/wheels)
+# Env:   HOROVOD_VERSION (requirements.lock's; that one's source archive is hash-checked)
+#        BENCH_WHEEL_CACHE (~/.cache/torch-parallel-bench/wheels)   WHEELS (a folder, offline; see above)
 #        HOROVOD_SDIST (local sdist instead of PyPI)   HOROVOD_BUILD_CUDA_CC_LIST (75,80,90)
 #        CUDA_HOME (a toolkit to use whatever its version)   BUILD_JOBS (nproc)
 #        BENCH_CUDA_CACHE (~/.cache/torch-parallel-bench/cuda: compiler wheels, ~280 MB per CUDA version)
@@ -17,9 +21,24 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-$REPO/.venv}"
 [[ -x "$VENV/bin/python" ]] || { echo "build_horovod: FAILED: no $VENV/bin/python" >&2; exit 1; }
 VENV="$(cd "$VENV" && pwd)"; PY="$VENV/bin/python"
-HVD_VER="${HOROVOD_VERSION:-0.28.1}"
+LOCKED_VER="$(sed -n 's/^horovod==\([^ ;\\]*\).*/\1/p' "$REPO/requirements.lock")"   # its sdist's hash is in the lock
+HVD_VER="${HOROVOD_VERSION:-$LOCKED_VER}"
+[[ -n "$HVD_VER" ]] || { echo "build_horovod: no horovod pin in $REPO/requirements.lock; set HOROVOD_VERSION" >&2; exit 2; }
 STAMP="$VENV/.horovod-built-against"; LOG="$VENV/horovod-build.log"  # stamp: key of last verified install
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# Offline: the folder first in pip's find-links and no index, in the environment, so that every pip started below
+# (here, by setuptools for Horovod's setup_requires, by cuda_toolkit.py) inherits it and none tries the network.
+OFFLINE=""
+if [[ -n "${WHEELS:-}" ]]; then
+  [[ -d "$WHEELS" ]] || { echo "build_horovod: WHEELS=$WHEELS: no such directory (a folder from \`make wheels\`)" >&2; exit 2; }
+  WHEELS="$(cd "$WHEELS" && pwd)"
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
+fi
+case "$(tr '[:upper:]' '[:lower:]' <<<"${PIP_NO_INDEX:-}")" in  # pip's own reading of a yes/no variable
+  ""|0|false|no|off) ;;
+  1|true|yes|on) OFFLINE="no package index; from ${PIP_FIND_LINKS:-(no PIP_FIND_LINKS: nothing)}" ;;
+  *) echo "build_horovod: PIP_NO_INDEX=$PIP_NO_INDEX: pip reads 1/true/yes/on or 0/false/no/off" >&2; exit 2 ;;
+esac
 
 fail() {  # first errors (usually far above the tail) + log tail, then one clear line, exit 1
   if [[ -s "$LOG" ]]; then
@@ -68,14 +87,32 @@ if [[ -n "$WHL" ]]; then
   echo "build_horovod: installing cached wheel $WHL"
 else
   echo "build_horovod: compiling horovod $HVD_VER for $KEY (~10 min on 2 cores; log: $LOG)"
+  if [[ -n "$OFFLINE" ]]; then echo "build_horovod: offline: $OFFLINE" | tee -a "$LOG"; fi
   [[ -x "$REPO/scripts/cxx20" ]] || fail "$REPO/scripts/cxx20 missing or not executable"
-  # setup.py imports packaging and lists the runtime deps as setup_requires; wheel for bdist_wheel;
-  # setuptools also provides distutils, which horovod's CMake calls on python >= 3.12.
-  "$PY" -m pip install setuptools wheel packaging cloudpickle psutil pyyaml >>"$LOG" 2>&1 \
-    || fail "installing build prerequisites into $VENV"
+  # The source: HOROVOD_SDIST, else the locked one (hash-checked) from the folder or PyPI, else (another
+  # HOROVOD_VERSION) that version unchecked.
+  if [[ -n "${HOROVOD_SDIST:-}" ]]; then
+    SRC=("$HOROVOD_SDIST")
+  elif [[ "$HVD_VER" == "$LOCKED_VER" ]]; then
+    "$PY" "$REPO/scripts/lockfile.py" pin horovod >"$TMP/horovod.txt" 2>>"$LOG" || fail "reading horovod's pin from the lock"
+    SRC=(-r "$TMP/horovod.txt")
+  else
+    SRC=("horovod==$HVD_VER")
+  fi
+  if [[ -n "${WHEELS:-}" && -z "${HOROVOD_SDIST:-}" ]] && ! compgen -G "$WHEELS/horovod-$HVD_VER.tar.gz" >/dev/null; then
+    echo "build_horovod: no horovod-$HVD_VER.tar.gz in WHEELS=$WHEELS: make the folder where pip works with \`make wheels WHEELS=DIR HAVE=...\` (or WHEELS_HOROVOD=1)" >&2
+    exit 2
+  fi
+  # pyproject.toml's `build` extra: setuptools (which also provides the distutils horovod's CMake calls on
+  # python >= 3.12), wheel for bdist_wheel, and setup.py's setup_requires, which are its runtime requirements:
+  # packaging (imported by setup.py), cloudpickle, psutil, pyyaml, cffi. Any installed version will do.
+  REQS="$("$PY" "$REPO/scripts/lockfile.py" requires build 2>>"$LOG")" || fail "reading the build requirements from pyproject.toml"
+  # shellcheck disable=SC2086  # one requirement a line, none with spaces
+  "$PY" -m pip install $REQS >>"$LOG" 2>&1 || fail "installing build prerequisites ($(echo $REQS)) into $VENV"
   CMV="$(cmake --version 2>/dev/null | head -n1 | grep -Eo '[0-9]+\.[0-9]+' | head -n1)" || CMV=0
   if [[ "$(printf '%s\n' 3.13 "$CMV" | sort -V | head -n1)" != 3.13 ]]; then  # need cmake >= 3.13
-    "$PY" -m pip install 'cmake>=3.13,<4' >>"$LOG" 2>&1 || fail "pip install cmake"
+    "$PY" -m pip install 'cmake>=3.13,<4' >>"$LOG" 2>&1 \
+      || fail "no cmake >= 3.13 on PATH, and pip install cmake failed${OFFLINE:+ (offline: install cmake, or put a cmake wheel in the folder)}"
   fi
   export CMAKE_POLICY_VERSION_MINIMUM=3.5  # CMake 4 rejects gloo's old cmake_minimum_required()
   export CXX="$REPO/scripts/cxx20"        # Horovod pins -std=c++14; torch 2.14 headers need C++20
@@ -107,13 +144,18 @@ else
   # --no-build-isolation: build against the venv's torch; --no-binary/--no-cache-dir: really compile,
   # never reuse pip's own cached wheel (which does not know which torch it was built against).
   nice -n 10 "$PY" -m pip wheel -v --no-build-isolation --no-deps --no-binary horovod --no-cache-dir \
-    -w "$TMP" "${HOROVOD_SDIST:-horovod==$HVD_VER}" >>"$LOG" 2>&1 || fail "compiling the horovod wheel"
+    -w "$TMP" "${SRC[@]}" >>"$LOG" 2>&1 || fail "compiling the horovod wheel"
   WHLS=("$TMP"/horovod-*.whl); WHL="${WHLS[0]:-}"; BUILT=1
   [[ -n "$WHL" ]] || fail "pip wheel reported success but left no horovod wheel in $TMP"
 fi
 
 "$PY" -m pip uninstall -y horovod >>"$LOG" 2>&1 || true   # same version may be installed (old torch)
-"$PY" -m pip install "$WHL" >>"$LOG" 2>&1 || fail "pip install $WHL"
+"$PY" -m pip install "$WHL" >>"$LOG" 2>&1 || fail "pip install $WHL"   # with its runtime requirements
+# Under TORCH=system the interpreter may have a horovod of the same version outside the venv, which pip takes as
+# installed (and does not uninstall): then put this one, built against this torch, in the venv (first on sys.path).
+if [[ ! -x "$VENV/bin/horovodrun" ]]; then
+  "$PY" -m pip install --ignore-installed --no-deps "$WHL" >>"$LOG" 2>&1 || fail "pip install --ignore-installed $WHL"
+fi
 
 # ---- verify: features compiled in, and a real 2-process Gloo allreduce ----
 HINT=""; [[ $BUILT == 0 ]] && HINT=" (cached wheel; delete $CACHE to force a rebuild)"
