@@ -48,13 +48,18 @@ check-lock:
 	@$(PYTHON) scripts/lockfile.py check && echo "requirements.lock matches pyproject.toml"
 
 # Where pip works: download the locked files another machine will need into WHEELS (hash-checked), for its Python
-# (WHEELS_PYTHON) and only the packages it lacks (WHEELS_ONLY; default every one). There: make ... WHEELS=DIR.
-WHEELS_PYTHON ?=
-WHEELS_ONLY   ?=
-wheels: venv
+# (WHEELS_PYTHON). Default: every locked package, Horovod's source archive included. HAVE=FILE, the other machine's
+# `python3 -m pip list --format=freeze` (or a profile in scripts/machines/): only what TORCH=system there lacks, plus
+# Horovod's source and its build requirements. WHEELS_HOROVOD=1: only Horovod's source and what it needs.
+# WHEELS_ONLY: these packages by hand. There: make venv TORCH=system WHEELS=DIR ... ; make horovod WHEELS=DIR ...
+WHEELS_PYTHON  ?=
+WHEELS_ONLY    ?=
+WHEELS_HOROVOD ?=
+wheels:
 	@[ -n "$(WHEELS)" ] || { echo "make wheels: say where, e.g. WHEELS=.whl" >&2; exit 2; }
+	@scripts/install.sh $(VENV) $(PYTHON) $(TORCH)  # this venv, from the registry: WHEELS is where the files go
 	$(PY) scripts/lockfile.py wheels -d $(WHEELS) $(if $(WHEELS_PYTHON),--python-version $(WHEELS_PYTHON)) \
-	  $(if $(WHEELS_ONLY),--only $(WHEELS_ONLY))
+	  $(if $(HAVE),--have $(HAVE)) $(if $(WHEELS_HOROVOD),--horovod) $(if $(WHEELS_ONLY),--only $(WHEELS_ONLY))
 
 # Horovod is an sdist compiled against the installed torch; scripts/build_horovod.sh caches the wheel and
 # does nothing when the build is already current. A failed build does not stop the rest of the suite:
