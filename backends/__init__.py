@@ -25,13 +25,44 @@ REGISTRY: dict[str, dict] = {
 }
 
 
+# The scaling baseline: one device, one process, no wrapper (efficiencies divide by it at world size 1).
+BASELINE = "single"
+
+
 def names() -> list[str]:
     return list(REGISTRY)
+
+
+def backend_class(name: str) -> type:
+    module, _, cls = REGISTRY[name]["cls"].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def knobs() -> list:
+    """Every knob of every registered backend (bench/core/knobs.py), once each: the backends' own in registry order,
+    then the common ones."""
+    from backends.base import COMMON_KNOBS
+
+    seen, out = {k.key for k in COMMON_KNOBS}, []
+    for name in REGISTRY:
+        for knob in backend_class(name).knobs:
+            if knob.key not in seen:
+                seen.add(knob.key)
+                out.append(knob)
+    return out + list(COMMON_KNOBS)
+
+
+def environment(names) -> dict:
+    """What the backends ``names`` add to a sweep's record ``env`` (Backend.environment), each class once."""
+    out = {}
+    for cls in dict.fromkeys(backend_class(n) for n in names):
+        out.update(cls.environment())
+    return out
 
 
 def create(name: str):
     if name not in REGISTRY:
         raise KeyError(f"unknown backend {name!r}; choose from {', '.join(REGISTRY)}")
     entry = dict(REGISTRY[name])
-    module, _, cls = entry.pop("cls").partition(":")
-    return getattr(importlib.import_module(module), cls)(name, **entry)
+    del entry["cls"]
+    return backend_class(name)(name, **entry)

@@ -10,11 +10,11 @@ import contextlib
 import torch.distributed as dist
 
 from backends.base import COMMON_KNOBS, build_model
-from backends.ddp import DDP, SHARED_GPU
+from backends.ddp import DDP, RANKS_PER_GPU
 
 
 class AllReduceManual(DDP):
-    knobs = COMMON_KNOBS | {SHARED_GPU}
+    knobs = (RANKS_PER_GPU, *COMMON_KNOBS)
     sync = True
 
     def skip_gradient_sync(self):

@@ -11,6 +11,7 @@ import torch
 
 from backends import models
 from bench.core.config import MIN_WARMUP
+from bench.core.knobs import Knob, flag_of
 
 # fp16 needs a GradScaler (its gradients underflow); bf16 has fp32's range and needs none.
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -21,8 +22,15 @@ AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SGD = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 ADAMW = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 OPTIMIZERS = {"sgd": (torch.optim.SGD, SGD), "adamw": (torch.optim.AdamW, ADAMW)}
-# Knobs every backend honours unless it says otherwise (``knobs``); the others are the backends' own.
-COMMON_KNOBS = frozenset({"channels_last", "compile", "activation_checkpointing"})
+# Knobs every backend honours unless it says otherwise (``knobs``); the others are the backends' own, declared in
+# their files (bench/core/knobs.py: the planner builds bench run's flags and checks from them).
+CHANNELS_LAST = Knob("channels_last", "NHWC model and inputs (torch.channels_last); fsdp2, ds_zero* and ddp_zero keep "
+                                      "NCHW parameters (recorded in backend_info.channels_last)")
+ACTIVATION_CHECKPOINTING = Knob("activation_checkpointing",
+                                "recompute each block's activations in backward instead of keeping them (less memory, "
+                                "about one more forward of compute); every backend but dp")
+COMPILE = Knob("compile", "torch.compile the (wrapped) model; compiles in warm-up, its time recorded as compile_seconds")
+COMMON_KNOBS = (CHANNELS_LAST, ACTIVATION_CHECKPOINTING, COMPILE)
 # The phases of a step a trace shows (bench run --trace; bench.core.traces.PHASES: data wait, forward with the loss,
 # backward, a backend's own explicit collectives, optimizer step). Outside a trace a phase is a shared do-nothing
 # context: no profiler runs.
@@ -41,7 +49,7 @@ class Backend:
     # horovod with plain BatchNorm do) or "global" (SyncBatchNorm: the whole global batch). bench verify
     # picks its reference by this.
     batchnorm = "local"
-    knobs = COMMON_KNOBS  # the cfg.options this backend honours; any other makes its run "skipped"
+    knobs: tuple[Knob, ...] = COMMON_KNOBS  # the cfg.options this backend honours; any other makes its run "skipped"
     input_dtype = None  # the dtype the model is fed (None: the batch's own); DeepSpeed's fp16/bf16 cast the model
 
     def __init__(self, name: str, launcher: str, **params):
@@ -57,11 +65,29 @@ class Backend:
         if getattr(cfg, "nnodes", 1) > 1 and self.launcher in ("inproc", "spawn"):
             return (f"{self.name} is single-node by design ({'one process' if self.launcher == 'inproc' else 'mp.spawn'}"
                     " starts its ranks on this machine only); run it in a single-node sweep")
-        foreign = sorted(k for k, v in (cfg.options or {}).items() if k not in self.knobs and v not in (None, False))
+        own = {k.key for k in self.knobs}
+        foreign = sorted(k for k, v in (cfg.options or {}).items() if k not in own and v not in (None, False))
         if foreign:
-            return (f"{self.name} cannot honour {', '.join('--' + k.replace('_', '-') for k in foreign)} "
-                    f"(it honours: {', '.join(sorted('--' + k.replace('_', '-') for k in self.knobs)) or 'none'})")
+            import backends
+
+            return (f"{self.name} cannot honour {', '.join(flag_of(k, backends.knobs()) for k in foreign)} "
+                    f"(it honours: {', '.join(sorted(k.flag for k in self.knobs)) or 'none'})")
         return None
+
+    def planned_runs(self, device_type: str, world_size: int, cudnn_benchmark: bool | None) -> list[tuple]:
+        """The runs a sweep plans of this backend at ``world_size``: (cudnn_benchmark, note) each; ``cudnn_benchmark``
+        is the user's (None: not given). One by default; DataParallel adds a labelled variant."""
+        return [(cudnn_benchmark, None)]
+
+    def node_plan(self, nodes, world_size: int) -> str | None:
+        """Several nodes: None when this node starts its share of the run (torchrun: every node does), else why not
+        (a note); a UsageError when the nodes given cannot hold the run."""
+        return None
+
+    @classmethod
+    def environment(cls) -> dict:
+        """What this backend adds to the record's ``env`` (its build: Horovod's), read once per sweep."""
+        return {}
 
     def no_verify_reference(self, precision: str) -> str | None:
         """Why ``bench verify`` has no reference for this backend at ``precision`` (None: it has one)."""

@@ -16,19 +16,30 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from backends.base import COMMON_KNOBS, Backend, build_model, device_for
+from bench.core.knobs import Knob
 
-DDP_KNOBS = frozenset({"ddp_bucket_mb", "ddp_static_graph", "ddp_grad_as_bucket_view", "ddp_find_unused",
-                       "ddp_comm_hook"})
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+POWERSGD_RANK, POWERSGD_START = 2, 2
+DDP_KNOBS = (
+    Knob("ddp_bucket_mb", "DDP bucket_cap_mb (default 25)", float, low=0),
+    Knob("ddp_static_graph", "DDP static_graph=True"),
+    Knob("ddp_grad_as_bucket_view", "DDP gradient_as_bucket_view=True"),
+    Knob("ddp_find_unused", "DDP find_unused_parameters=True (what the source articles pass; costs a graph walk per "
+                            "step)"),
+    Knob("ddp_comm_hook", "DDP communication hook: fp16/bf16 compression, or PowerSGD (rank 2, after 2 plain steps)",
+         str, choices=COMM_HOOKS),
+)
 # --ranks-per-gpu N: N ranks share each GPU over gloo, whose all-reduce and broadcast take CUDA tensors (NCCL refuses
 # two ranks on one device). The DDP family only (ddp, ddp_spawn, ddp_amp_syncbn, ddp_zero, allreduce_manual): FSDP2,
 # DeepSpeed and Horovod keep NCCL. A check of multi-rank logic on a one-GPU machine, not a measurement.
 SHARED_GPU = "ranks_per_gpu"
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
-POWERSGD_RANK, POWERSGD_START = 2, 2
+RANKS_PER_GPU = Knob(SHARED_GPU, "CUDA: start N ranks on each GPU, over gloo instead of NCCL (which refuses two ranks "
+                                 "on one device); the DDP family only. Checks multi-rank logic on fewer GPUs: not a "
+                                 "measurement", int, low=0, off=(None, 1), extra={"metavar": "N"})
 
 
 class DDP(Backend):
-    knobs = COMMON_KNOBS | DDP_KNOBS | {SHARED_GPU}
+    knobs = (*DDP_KNOBS, RANKS_PER_GPU, *COMMON_KNOBS)
 
     def unavailable(self, cfg):
         if (cfg.options or {}).get("ddp_comm_hook") == "powersgd" and cfg.device_type == "cpu":

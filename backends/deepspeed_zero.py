@@ -29,8 +29,10 @@ import os
 import torch
 
 from backends import models
-from backends.base import build_model, contiguous_parameters, make_optimizer
+from backends.base import (ACTIVATION_CHECKPOINTING, CHANNELS_LAST, build_model, contiguous_parameters,
+                           make_optimizer)
 from backends.ddp import DDP
+from bench.core.knobs import Knob
 
 INSTALL = "pip install deepspeed (make install does)"
 DEFAULT_BUCKET_MB = 25  # DDP's bucket_cap_mb default
@@ -44,9 +46,14 @@ def problem() -> str | None:
     return None
 
 
+DS_BUCKET_MB = Knob("ds_bucket_mb", "DeepSpeed reduce and all-gather buckets, MiB of fp32 elements (default 25, DDP's; "
+                                    "DeepSpeed's own 5e8 elements would allocate 1907 MiB per bucket on every rank)",
+                    float, low=0)
+
+
 class DeepSpeedZero(DDP):
     # DeepSpeed compiles through its own engine.compile(), not offered here
-    knobs = frozenset({"channels_last", "ds_bucket_mb", "activation_checkpointing"})
+    knobs = (DS_BUCKET_MB, CHANNELS_LAST, ACTIVATION_CHECKPOINTING)
 
     no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
                        "gradient partitioning")

@@ -42,8 +42,19 @@ REFUSED = {
 }
 
 
+# cudnn.benchmark off, planned beside the default on several GPUs (Backend.planned_runs)
+CUDNN_OFF_NOTE = ("labelled variant with cudnn.benchmark off: cuDNN's benchmark cache is per thread and "
+                  "DataParallel runs its replicas in new threads every step")
+
+
 class DataParallel(Backend):
-    knobs = frozenset()  # neither common knob: REFUSED says why
+    knobs = ()  # no common knob: REFUSED says why
+
+    def planned_runs(self, device_type, world_size, cudnn_benchmark):
+        runs = super().planned_runs(device_type, world_size, cudnn_benchmark)
+        if device_type == "cuda" and world_size >= 2 and cudnn_benchmark is None:
+            runs.append((False, CUDNN_OFF_NOTE))
+        return runs
 
     def unavailable(self, cfg):
         if cfg.device_type == "cpu" and cfg.world_size > 1:

@@ -19,7 +19,9 @@ import os
 import subprocess
 import sys
 
-from backends.base import Backend, build_model, device_for
+from backends.base import ACTIVATION_CHECKPOINTING, CHANNELS_LAST, Backend, build_model, device_for
+from bench.core.errors import UsageError
+from bench.core.knobs import Knob
 
 REBUILD = "make horovod"
 
@@ -68,11 +70,46 @@ def build_info() -> dict | None:
     return {k: ", ".join(v) if isinstance(v, list) else v for k, v in info.items()}
 
 
+# --hvd-compression is recorded in every horovod run (none or fp16) and in no other backend's (``own``)
+HVD_KNOBS = (
+    Knob("compression", "horovod gradient compression (default none: like-for-like with fp32 DDP)", str,
+         choices=("none", "fp16"), default="none", own=True, flag_name="hvd_compression"),
+    Knob("hvd_fusion_mb", "Horovod tensor fusion threshold, MiB (HOROVOD_FUSION_THRESHOLD)", float, low=-1),
+    Knob("hvd_cycle_ms", "Horovod cycle time, ms (HOROVOD_CYCLE_TIME)", float, low=0),
+)
+
+
+def check_hosts(hosts: str | None, world_size: int) -> str | None:
+    """Why horovodrun -H cannot start ``world_size`` ranks from ``hosts``, or None."""
+    if not hosts:
+        return "Horovod across nodes needs --hosts host1:slots,host2:slots (horovodrun -H)"
+    try:
+        slots = sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(","))
+    except (IndexError, ValueError):
+        return f"--hosts {hosts!r}: expected host1:slots,host2:slots"
+    if slots != world_size:
+        return f"--hosts {hosts!r} has {slots} slots for a world size of {world_size}"
+    return None
+
+
 class Horovod(Backend):
     local_only = False  # inside skip_gradient_sync()
 
     # compile is not offered: DistributedOptimizer hooks each parameter's gradient accumulator
-    knobs = frozenset({"channels_last", "compression", "hvd_fusion_mb", "hvd_cycle_ms", "activation_checkpointing"})
+    knobs = (*HVD_KNOBS, CHANNELS_LAST, ACTIVATION_CHECKPOINTING)
+
+    @classmethod
+    def environment(cls):
+        return {"horovod": build_info()}
+
+    def node_plan(self, nodes, world_size):
+        """horovodrun starts every rank from node 0 (-H reaches the other hosts): the other nodes plan nothing."""
+        if nodes.node_rank != 0:
+            return "horovod runs start on node 0 only (horovodrun -H reaches the other hosts)"
+        why = check_hosts(nodes.hosts, world_size)
+        if why:
+            raise UsageError(why)
+        return None
 
     def unavailable(self, cfg):
         reason = problem()

@@ -56,19 +56,6 @@ def parse_nodes(args) -> Nodes | None:
                  join_timeout=args.rdzv_timeout, hosts=args.hosts, local_addr=args.local_addr)
 
 
-def check_hosts(hosts: str | None, world_size: int) -> str | None:
-    """Why horovodrun -H cannot start ``world_size`` ranks from ``hosts``, or None."""
-    if not hosts:
-        return "Horovod across nodes needs --hosts host1:slots,host2:slots (horovodrun -H)"
-    try:
-        slots = sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(","))
-    except (IndexError, ValueError):
-        return f"--hosts {hosts!r}: expected host1:slots,host2:slots"
-    if slots != world_size:
-        return f"--hosts {hosts!r} has {slots} slots for a world size of {world_size}"
-    return None
-
-
 def external_world(args) -> tuple[int, int]:
     """(world size, nodes) from the environment an external engine set; UsageError naming what is missing.
     Also exports LOCAL_RANK and LOCAL_WORLD_SIZE, taken from the engine's own variables (local_rank_env), so

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import backends
 from bench.commands import _nodes
+from bench.core import knobs
 from bench.core.config import DEFAULTS, ON_OFF, PRECISIONS, RunConfig
 from bench.core.devices import detect_device
 from bench.core.errors import UsageError
@@ -18,81 +19,78 @@ CPU_DEFAULT_MAX_WORKERS = 4
 
 
 def add_run_arguments(r) -> None:
-    """Every flag of ``bench run`` (README: Command line)."""
-    r.add_argument("--backends", default="all", help=f"comma-separated, or 'all' ({', '.join(backends.names())})")
-    r.add_argument("--gpus", help="comma-separated world sizes, e.g. 1,2,4 (on CPU: worker processes)")
-    r.add_argument("--max-gpus", help="sweep powers of two up to N, and N itself; 'all' = every device (default)")
-    r.add_argument("--device", default="auto", help="auto | cuda | cpu (default auto: cuda when present)")
-    r.add_argument("--model", help="torchvision classification model (default resnet50 on GPU, resnet18 on CPU), "
-                                   "gpt-<size> (README: Workloads) or your own: package.module:factory")
-    r.add_argument("--seq-len", type=int, help="gpt-<size>: tokens per sequence (default 1024 on GPU, 64 on CPU)")
-    r.add_argument("--optimizer", help="sgd | adamw (default: sgd for torchvision models, adamw for the others)")
-    r.add_argument("--batch-size", type=int, help="per-device batch (default 64 on GPU, 8 on CPU)")
-    r.add_argument("--image-size", type=int, help="square input size in px (default 224 on GPU, 64 on CPU)")
-    r.add_argument("--warmup", type=int, help="untimed steps before the first window")
-    r.add_argument("--steps", type=int, help="steps per timed window")
-    r.add_argument("--windows", type=int, help="timed windows (raw times are kept in the record)")
-    r.add_argument("--precision", help="fp32 | fp16 | bf16 (default: the backend's own, fp32 for most)")
-    r.add_argument("--timeout", type=float, help="seconds per run before it is killed (default scales with steps)")
-    r.add_argument("--peak-tflops", type=float,
-                   help="the GPU's dense peak TFLOP/s at the run's precision, for MFU (default: bench/rank/flops.py's "
-                        "table)")
-    r.add_argument("--repeat", type=int, help="runs of every configuration, each its own process tree, in "
-                                              "interleaved order (default 1); the run is the statistical unit")
-    r.add_argument("--cudnn-benchmark", choices=tuple(ON_OFF),
-                   help="torch.backends.cudnn.benchmark on CUDA (default on; make bench also runs dp with it off)")
-    r.add_argument("--hvd-compression", default="none", choices=("none", "fp16"),
-                   help="horovod gradient compression (default none: like-for-like with fp32 DDP)")
-    k = r.add_argument_group("knobs (recorded in options; a backend that cannot honour one is skipped with the reason)")
-    k.add_argument("--ddp-bucket-mb", type=float, help="DDP bucket_cap_mb (default 25)")
-    k.add_argument("--ddp-static-graph", action="store_true", help="DDP static_graph=True")
-    k.add_argument("--ddp-grad-as-bucket-view", action="store_true", help="DDP gradient_as_bucket_view=True")
-    k.add_argument("--ddp-find-unused", action="store_true",
-                   help="DDP find_unused_parameters=True (what the source articles pass; costs a graph walk per step)")
-    k.add_argument("--ddp-comm-hook", choices=("none", "fp16", "bf16", "powersgd"),
-                   help="DDP communication hook: fp16/bf16 compression, or PowerSGD (rank 2, after 2 plain steps)")
-    k.add_argument("--hvd-fusion-mb", type=float, help="Horovod tensor fusion threshold, MiB (HOROVOD_FUSION_THRESHOLD)")
-    k.add_argument("--hvd-cycle-ms", type=float, help="Horovod cycle time, ms (HOROVOD_CYCLE_TIME)")
-    k.add_argument("--ds-bucket-mb", type=float,
-                   help="DeepSpeed reduce and all-gather buckets, MiB of fp32 elements (default 25, DDP's; DeepSpeed's "
-                        "own 5e8 elements would allocate 1907 MiB per bucket on every rank)")
-    k.add_argument("--ranks-per-gpu", type=int,
-                   help="CUDA: start N ranks on each GPU, over gloo instead of NCCL (which refuses two ranks on one "
-                        "device); the DDP family only. Checks multi-rank logic on fewer GPUs: not a measurement")
-    k.add_argument("--channels-last", action="store_true",
-                   help="NHWC model and inputs (torch.channels_last); fsdp2, ds_zero* and ddp_zero keep NCHW parameters "
-                        "(recorded in backend_info.channels_last)")
-    k.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute each block's activations in backward instead of keeping them (less memory, about "
-                        "one more forward of compute); every backend but dp")
-    k.add_argument("--compile", action="store_true",
-                   help="torch.compile the (wrapped) model; compiles in warm-up, its time recorded as compile_seconds")
-    r.add_argument("--data", default="synthetic", help="synthetic (a fixed batch on the device) | imagenet")
-    r.add_argument("--data-dir", help="ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)")
-    r.add_argument("--loader", help="real data: torchvision (DataLoader workers, default) | dali (NVIDIA DALI)")
-    r.add_argument("--decode", help="real data: cpu (default) | gpu (nvJPEG: torchvision.io.decode_jpeg on the GPU, "
-                                    "or DALI's mixed decoder); GPU runs only")
-    r.add_argument("--workers", type=int, help="DataLoader processes per device, for every backend (dp's one process "
-                                               "gets N times as many, capped by the cores; default: cores / N - 1)")
-    r.add_argument("--eval", action="store_true",
-                   help="after the timed windows, evaluate the distributed way (DistributedSampler shards, all-reduced "
-                        "sums): eval_loss, eval_accuracy, eval_throughput")
-    r.add_argument("--eval-samples", type=int, help="size of the synthetic evaluation set (default 300; real data: val/)")
-    r.add_argument("--find-max-batch", action="store_true",
-                   help="instead of timing, find each backend's largest per-device batch that fits (bounded search "
-                        "of short isolated runs; records in RESULTS/maxbatch)")
-    r.add_argument("--find-max-model", action="store_true",
-                   help="instead of timing, find each backend's largest model of the GPT ladder that trains at the "
-                        "per-device batch (short isolated runs; records in RESULTS/maxmodel)")
-    r.add_argument("--ladder", help="--find-max-model: the GPT sizes to walk, smallest first (default gpt-125m to "
-                                    "gpt-6.7b on GPU, gpt-micro to gpt-medium on CPU)")
-    r.add_argument("--max-batch", type=int, help="--find-max-batch: the search's cap (default 4096 on GPU, 256 on CPU)")
-    r.add_argument("--memory-limit-gib", type=float,
-                   help="CPU only: give each rank a heap budget of this many GiB (the CPU stand-in for GPU memory)")
-    r.add_argument("--resume", action="store_true",
-                   help="skip configurations that already have an ok record in the results directory")
-    r.add_argument("--results", default="results/raw", help="directory for the records (default results/raw)")
+    """Every flag of ``bench run`` (README: Command line): the sweep, the workload, the measurement, the knobs (each
+    backend declares its own: bench/core/knobs.py), the data, the searches, several nodes."""
+    for group, flags in RUN_FLAGS:
+        g = r.add_argument_group(group) if group else r
+        for flag, kwargs in flags:
+            g.add_argument(flag, **kwargs)
+        if group is None:
+            knobs.add_group(r, backends.knobs(), "knobs (recorded in options; a backend that cannot honour one is "
+                                                 "skipped with the reason)")
     _nodes.add_arguments(r)
+
+
+# (group title or None for the main list, [(flag, argparse keywords)]): the flags no backend owns
+RUN_FLAGS = [
+    (None, [
+        ("--backends", {"default": "all", "help": f"comma-separated, or 'all' ({', '.join(backends.names())})"}),
+        ("--gpus", {"help": "comma-separated world sizes, e.g. 1,2,4 (on CPU: worker processes)"}),
+        ("--max-gpus", {"help": "sweep powers of two up to N, and N itself; 'all' = every device (default)"}),
+        ("--device", {"default": "auto", "help": "auto | cuda | cpu (default auto: cuda when present)"}),
+        ("--model", {"help": "torchvision classification model (default resnet50 on GPU, resnet18 on CPU), "
+                             "gpt-<size> (README: Workloads) or your own: package.module:factory"}),
+        ("--seq-len", {"type": int, "help": "gpt-<size>: tokens per sequence (default 1024 on GPU, 64 on CPU)"}),
+        ("--optimizer", {"help": "sgd | adamw (default: sgd for torchvision models, adamw for the others)"}),
+        ("--batch-size", {"type": int, "help": "per-device batch (default 64 on GPU, 8 on CPU)"}),
+        ("--image-size", {"type": int, "help": "square input size in px (default 224 on GPU, 64 on CPU)"}),
+        ("--warmup", {"type": int, "help": "untimed steps before the first window"}),
+        ("--steps", {"type": int, "help": "steps per timed window"}),
+        ("--windows", {"type": int, "help": "timed windows (raw times are kept in the record)"}),
+        ("--precision", {"help": "fp32 | fp16 | bf16 (default: the backend's own, fp32 for most)"}),
+        ("--timeout", {"type": float, "help": "seconds per run before it is killed (default scales with steps)"}),
+        ("--peak-tflops", {"type": float, "help": "the GPU's dense peak TFLOP/s at the run's precision, for MFU "
+                                                  "(default: bench/rank/flops.py's table)"}),
+        ("--repeat", {"type": int, "help": "runs of every configuration, each its own process tree, in interleaved "
+                                           "order (default 1); the run is the statistical unit"}),
+        ("--cudnn-benchmark", {"choices": tuple(ON_OFF), "help": "torch.backends.cudnn.benchmark on CUDA (default "
+                                                                 "on; DataParallel's sweep also runs it off)"}),
+    ]),
+    ("data", [
+        ("--data", {"default": "synthetic", "help": "synthetic (a fixed batch on the device) | imagenet"}),
+        ("--data-dir", {"help": "ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)"}),
+        ("--loader", {"help": "real data: torchvision (DataLoader workers, default) | dali (NVIDIA DALI)"}),
+        ("--decode", {"help": "real data: cpu (default) | gpu (nvJPEG: torchvision.io.decode_jpeg on the GPU, or "
+                              "DALI's mixed decoder); GPU runs only"}),
+        ("--workers", {"type": int, "help": "DataLoader processes per device, for every backend (DataParallel's one "
+                                            "process gets N times as many, capped by the cores; default: cores / N - "
+                                            "1)"}),
+        ("--eval", {"action": "store_true", "help": "after the timed windows, evaluate the distributed way "
+                                                    "(DistributedSampler shards, all-reduced sums): eval_loss, "
+                                                    "eval_accuracy, eval_throughput"}),
+        ("--eval-samples", {"type": int, "help": "size of the synthetic evaluation set (default 300; real data: "
+                                                 "val/)"}),
+    ]),
+    ("searches (instead of timing)", [
+        ("--find-max-batch", {"action": "store_true", "help": "find each backend's largest per-device batch that "
+                                                              "fits (bounded search of short isolated runs; records "
+                                                              "in RESULTS/maxbatch)"}),
+        ("--find-max-model", {"action": "store_true", "help": "find each backend's largest model of the GPT ladder "
+                                                              "that trains at the per-device batch (short isolated "
+                                                              "runs; records in RESULTS/maxmodel)"}),
+        ("--ladder", {"help": "--find-max-model: the GPT sizes to walk, smallest first (default gpt-125m to "
+                              "gpt-6.7b on GPU, gpt-micro to gpt-medium on CPU)"}),
+        ("--max-batch", {"type": int, "help": "--find-max-batch: the search's cap (default 4096 on GPU, 256 on "
+                                              "CPU)"}),
+        ("--memory-limit-gib", {"type": float, "help": "CPU only: give each rank a heap budget of this many GiB "
+                                                       "(the CPU stand-in for GPU memory)"}),
+    ]),
+    ("results", [
+        ("--resume", {"action": "store_true", "help": "skip configurations that already have an ok record in the "
+                                                      "results directory"}),
+        ("--results", {"default": "results/raw", "help": "directory for the records (default results/raw)"}),
+    ]),
+]
 
 
 def parse_run(argv: list[str]) -> argparse.Namespace:
@@ -168,36 +166,16 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     from bench.rank import data, loaders
 
     check_knobs(args)
-    device_type, present = detect_device(args.device)
-    per_gpu = getattr(args, "ranks_per_gpu", None) or 1
-    if per_gpu > 1 and device_type != "cuda":
-        raise UsageError(f"--ranks-per-gpu {per_gpu} shares CUDA devices between ranks; this run is on the CPU, where "
-                         "--gpus already counts worker processes")
-    present *= per_gpu  # ranks, not devices, are what a world size counts
-    nodes, nnodes = _nodes.parse_nodes(args), 1
-    if getattr(args, "external", False):
-        if nodes is not None:
-            raise UsageError("--external takes the world from the engine's environment; drop --nnodes")
-        world, nnodes = _nodes.external_world(args)
-        sizes = [world]
-    elif nodes is not None:
-        if args.max_gpus or (args.gpus and "," in args.gpus):
-            raise UsageError("with --nnodes, --gpus is the number of processes per node (one value)")
-        per_node = world_sizes(args.gpus or str(present if device_type == "cuda" else 1), None, device_type, present,
-                               per_gpu)
-        nnodes, sizes = nodes.nnodes, [nodes.nnodes * per_node[0]]
-    else:
-        sizes = world_sizes(args.gpus, args.max_gpus, device_type, present, per_gpu)
+    device_type, sizes, nodes, nnodes = sweep_sizes(args)
     names = parse_backends(args.backends)
     d = DEFAULTS[device_type]
     model = args.model or d["model"]
     check_model(model)
-    if args.precision is not None and args.precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {args.precision!r}; choose from {', '.join(PRECISIONS)}")
+    check_precision(args.precision)
     if args.repeat is not None and args.repeat < 1:
         raise UsageError(f"--repeat must be a positive integer, got {args.repeat}")
     cudnn = None if args.cudnn_benchmark is None else ON_OFF[args.cudnn_benchmark]
-    configs, notes = [], []
+    all_knobs, configs, notes = backends.knobs(), [], []
 
     def add(name, n, precision, cudnn_benchmark, note=None):
         backend = backends.create(name)
@@ -207,9 +185,9 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
             warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
             windows=_pick(args.windows, d["windows"]), precision=precision, timeout=args.timeout,
-            options=backend_options(name, args), cudnn_benchmark=cudnn_benchmark, eval=args.eval, nnodes=nnodes,
-            eval_samples=_pick(args.eval_samples, RunConfig.eval_samples), seq_len=args.seq_len,
-            optimizer=args.optimizer,
+            options=knobs.options(all_knobs, {k.key for k in backend.knobs}, args), cudnn_benchmark=cudnn_benchmark,
+            eval=args.eval, nnodes=nnodes, eval_samples=_pick(args.eval_samples, RunConfig.eval_samples),
+            seq_len=args.seq_len, optimizer=args.optimizer,
         ).validate()
         if cfg.data == "imagenet":  # bad loader or decode names: the loader registry says so, in one line
             loaders.check(cfg.loader, cfg.decode, cfg.device_type)
@@ -226,39 +204,66 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     # nothing about scaling, and it keeps `make bench` on a laptop within minutes. --gpus 1,2 runs every size.
     cpu_top = max(sizes) if device_type == "cpu" and not args.gpus and nnodes == 1 and len(sizes) > 1 else None
     if cpu_top:
-        notes.append(f"CPU sweep: backends other than single run at {cpu_top} workers only (--gpus 1,{cpu_top} runs "
-                     "every size)")
+        notes.append(f"CPU sweep: backends other than {backends.BASELINE} run at {cpu_top} workers only (--gpus "
+                     f"1,{cpu_top} runs every size)")
     for name in names:
         backend = backends.create(name)
         limit = getattr(backend, "max_world_size", None)
         for n in sizes:
-            if cpu_top and n != cpu_top and name != "single":
+            if cpu_top and n != cpu_top and limit != 1:
                 continue
             if limit and n > limit:
                 if nnodes == 1:
                     notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world "
                                  f"size {n}")
                 continue
-            if nnodes > 1 and name == "horovod":
-                if nodes.node_rank != 0:
-                    notes.append("horovod runs start on node 0 only (horovodrun -H reaches the other hosts)")
-                    continue
-                why = _nodes.check_hosts(nodes.hosts, n)
-                if why:
-                    raise UsageError(why)
-            add(name, n, args.precision or backend.default_precision, cudnn)
-            if name == "dp" and device_type == "cuda" and n >= 2 and cudnn is None:
-                add(name, n, args.precision or backend.default_precision, False, DP_CUDNN_OFF_NOTE)
-    # Every efficiency cell needs single@1 at the same precision: plan it at every precision that a run which
-    # can happen here uses (on CPU, ddp_amp_syncbn's fp16 is skipped, so no fp16 single is planned for it).
-    if "single" in names and 1 in sizes and args.precision is None:
-        have = {c.precision for c in configs if c.backend == "single"}
+            elsewhere = backend.node_plan(nodes, n) if nnodes > 1 else None
+            if elsewhere:
+                notes.append(elsewhere)
+                continue
+            for cudnn_benchmark, note in backend.planned_runs(device_type, n, cudnn):
+                add(name, n, args.precision or backend.default_precision, cudnn_benchmark, note)
+    # Every efficiency cell needs the baseline at world size 1 at the same precision: plan it at every precision that a
+    # run which can happen here uses (on CPU an fp16 default is skipped, so no fp16 baseline is planned for it).
+    if backends.BASELINE in names and 1 in sizes and args.precision is None:
+        have = {c.precision for c in configs if c.backend == backends.BASELINE}
         used = [c.precision for c in configs
                 if (loader_unavailable(c) or backends.create(c.backend).unavailable(c)) is None]
         for precision in dict.fromkeys(used):
             if precision not in have:
-                add("single", 1, precision, cudnn, f"the {precision} scaling baseline")
+                add(backends.BASELINE, 1, precision, cudnn, f"the {precision} scaling baseline")
                 have.add(precision)
+    check_data(args, configs)
+    return configs, notes
+
+
+def sweep_sizes(args) -> tuple[str, list[int], object, int]:
+    """(device type, world sizes, the nodes or None, nodes per run) of ``bench run``'s arguments."""
+    device_type, present = detect_device(args.device)
+    per_gpu = getattr(args, "ranks_per_gpu", None) or 1
+    if per_gpu > 1 and device_type != "cuda":
+        raise UsageError(f"--ranks-per-gpu {per_gpu} shares CUDA devices between ranks; this run is on the CPU, where "
+                         "--gpus already counts worker processes")
+    present *= per_gpu  # ranks, not devices, are what a world size counts
+    nodes = _nodes.parse_nodes(args)
+    if getattr(args, "external", False):
+        if nodes is not None:
+            raise UsageError("--external takes the world from the engine's environment; drop --nnodes")
+        world, nnodes = _nodes.external_world(args)
+        return device_type, [world], None, nnodes
+    if nodes is not None:
+        if args.max_gpus or (args.gpus and "," in args.gpus):
+            raise UsageError("with --nnodes, --gpus is the number of processes per node (one value)")
+        per_node = world_sizes(args.gpus or str(present if device_type == "cuda" else 1), None, device_type, present,
+                               per_gpu)
+        return device_type, [nodes.nnodes * per_node[0]], nodes, nodes.nnodes
+    return device_type, world_sizes(args.gpus, args.max_gpus, device_type, present, per_gpu), None, 1
+
+
+def check_data(args, configs: list[RunConfig]) -> None:
+    """The data the sweep reads, checked once before anything launches."""
+    from bench.rank import data
+
     if args.data == "imagenet":
         data.check_imagenet(args.data_dir, max(c.global_batch for c in configs) if configs else 1)
         if args.eval:
@@ -270,7 +275,6 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             print(empty_warning(Path(args.data_dir) / "train", empty), file=sys.stderr)
     elif args.data_dir:
         raise UsageError("--data-dir is for --data imagenet; synthetic data needs no directory")
-    return configs, notes
 
 
 def loader_unavailable(cfg: RunConfig) -> str | None:
@@ -298,10 +302,6 @@ def workload_flops(model: str, image_size: int | None, seq_len: int | None = Non
         return None
 
 
-DP_CUDNN_OFF_NOTE = ("labelled variant with cudnn.benchmark off: cuDNN's benchmark cache is per thread and "
-                     "DataParallel runs its replicas in new threads every step")
-
-
 def interleave(configs: list[RunConfig], repeats: int) -> list[RunConfig]:
     """Every configuration once, then again, ``repeats`` times: slow drift (clocks, heat, neighbours) then hits
     all configurations alike instead of whichever ran last."""
@@ -310,40 +310,22 @@ def interleave(configs: list[RunConfig], repeats: int) -> list[RunConfig]:
     return [dataclasses.replace(c, repeat_index=r, repeats=repeats) for r in range(1, repeats + 1) for c in configs]
 
 
-KNOBS = ("ddp_bucket_mb", "ddp_static_graph", "ddp_grad_as_bucket_view", "ddp_find_unused", "ddp_comm_hook",
-         "hvd_fusion_mb", "hvd_cycle_ms", "ds_bucket_mb", "channels_last", "compile", "activation_checkpointing",
-         "ranks_per_gpu")
-
-
 def backend_options(name: str, args) -> dict:
-    """The knobs a run records in ``options`` (and so in its configuration key): every knob given on the command
-    line, whichever backend; a backend that cannot honour one is skipped with the reason, never silently run
-    without it. Horovod's compression is always recorded (none or fp16)."""
-    options = {"compression": args.hvd_compression} if name == "horovod" else {}
-    for knob in KNOBS:
-        value = getattr(args, knob, None)
-        if value not in (None, False, "none") and not (knob == "ranks_per_gpu" and value == 1):
-            options[knob] = value
-    return options
+    """The knobs a run of backend ``name`` records in ``options`` (and so in its configuration key), from ``args``
+    (bench/core/knobs.py): every knob given on the command line, whichever backend."""
+    return knobs.options(backends.knobs(), {k.key for k in backends.backend_class(name).knobs}, args)
 
 
 def check_knobs(args) -> None:
-    for knob, low in (("ddp_bucket_mb", 0), ("hvd_fusion_mb", -1), ("hvd_cycle_ms", 0), ("ds_bucket_mb", 0)):
-        value = getattr(args, knob, None)
-        if value is not None and not value > low:
-            bound = "a non-negative number" if low < 0 else "a positive number"
-            raise UsageError(f"--{knob.replace('_', '-')} must be {bound}, got {value:g}")
-    if getattr(args, "ranks_per_gpu", None) is not None and args.ranks_per_gpu < 1:
-        raise UsageError(f"--ranks-per-gpu must be a positive integer, got {args.ranks_per_gpu}")
+    """Every knob's bounds, one line each (bench/core/knobs.py)."""
+    for knob in backends.knobs():
+        knob.check(getattr(args, knob.dest, None))
+
+
+def check_precision(precision: str | None) -> None:
+    if precision is not None and precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
 
 
 def _pick(value, default):
     return default if value is None else value
-
-
-def horovod_info(configs) -> dict | None:
-    if not any(c.backend == "horovod" for c in configs):
-        return None
-    from backends import horovod
-
-    return horovod.build_info()

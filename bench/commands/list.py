@@ -2,10 +2,8 @@
 and how to fix it)."""
 from __future__ import annotations
 
-import argparse
-
 import backends
-from bench.commands._plan import backend_options
+from bench.commands._plan import backend_options, parse_run
 from bench.core.config import DEFAULTS, RunConfig
 from bench.core.devices import detect_device
 
@@ -35,7 +33,7 @@ def cmd_list(args) -> int:
                             model=d["model"], image_size=d["image_size"], batch_size=d["batch_size"],
                             warmup=d["warmup"], steps=d["steps"], windows=d["windows"],
                             precision=backend.default_precision,
-                            options=backend_options(name, argparse.Namespace(hvd_compression="none")))
+                            options=backend_options(name, parse_run([])))
             why[n] = backend.unavailable(cfg)
         if why[1]:
             runs, detail = "no", why[1]

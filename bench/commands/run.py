@@ -10,7 +10,7 @@ from pathlib import Path
 
 import backends
 from bench.commands import _nodes
-from bench.commands._plan import add_run_arguments, check_writable, horovod_info, interleave, loader_unavailable, plan
+from bench.commands._plan import add_run_arguments, check_writable, interleave, loader_unavailable, plan
 from bench.core import traces, workloads
 from bench.core.devices import detect_device, usable_cpus
 from bench.core.errors import UsageError, warn
@@ -81,7 +81,7 @@ def cmd_run(args) -> int:
     check_writable(results_dir)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
-    env_meta = results.collect_env(horovod=horovod_info(configs))
+    env_meta = results.collect_env(backends.environment(c.backend for c in configs))
     if args.resume:
         configs = _not_yet_done(configs, results_dir, env_meta)
     # Ctrl-C and SIGTERM end the sweep, whatever this process inherited: a shell script's background job starts with
@@ -154,7 +154,7 @@ def _search_setup(args, configs, notes):
     check_writable(results_dir)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
-    env_meta = results.collect_env(horovod=horovod_info(configs))
+    env_meta = results.collect_env(backends.environment(c.backend for c in configs))
     return [c for c in configs if c.cudnn_benchmark is not False], results_dir, env_meta
 
 

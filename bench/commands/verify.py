@@ -89,8 +89,7 @@ class Entry:
 
 def plan(args):
     import backends
-    from bench.commands._plan import check_model, parse_backends, world_sizes
-    from bench.core.config import PRECISIONS
+    from bench.commands._plan import check_model, check_precision, parse_backends, world_sizes
     from bench.core.devices import detect_device
 
     device_type, present = detect_device(args.device)
@@ -101,8 +100,7 @@ def plan(args):
     d = DEFAULTS[device_type]
     model = args.model or d["model"]
     check_model(model)
-    if args.precision is not None and args.precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {args.precision!r}; choose from {', '.join(PRECISIONS)}")
+    check_precision(args.precision)
     for name in ("batch_size", "image_size", "steps", "eval_samples"):
         value = getattr(args, name)
         if value is not None and value <= 0:
@@ -142,13 +140,13 @@ def config(base, backend, launcher, world_size, precision, batch_size=None, opti
 def cmd_verify(args) -> int:
     import backends
     from bench import launch
-    from bench.commands._plan import backend_options, check_writable, horovod_info, parse_run
+    from bench.commands._plan import backend_options, check_writable, parse_run
     from bench.core import results
 
     base, entries = plan(args)
     out = Path(args.results) / "verify"
     check_writable(out)
-    env = results.collect_env(horovod=horovod_info([e for e in entries if not e.skipped]))
+    env = results.collect_env(backends.environment(e.backend for e in entries if not e.skipped))
     todo = [e for e in entries if not e.skipped]
     cores = usable_cpus()
 

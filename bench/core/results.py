@@ -228,7 +228,9 @@ def git_commit() -> str | None:
     return commit
 
 
-def collect_env(horovod: dict | None = None) -> dict:
+def collect_env(backend_env: dict | None = None) -> dict:
+    """The machine and software of a run, once per record; ``backend_env``: what the sweep's backends add
+    (backends.environment: Horovod's build)."""
     import torch
 
     cuda = torch.version.cuda
@@ -240,7 +242,7 @@ def collect_env(horovod: dict | None = None) -> dict:
             nccl = None
     gpus = nvml_gpus()
     topo = _run(["nvidia-smi", "topo", "-m"]) if gpus.get("count") else None
-    return {
+    env = {
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),
         # where torch came from: "locked" (make's default, requirements.lock), "system" (TORCH=system: the
@@ -265,9 +267,11 @@ def collect_env(horovod: dict | None = None) -> dict:
         "python_prefix": sys.prefix,  # the harness's environment; every rank's own is in rank_python_prefixes
         "platform": platform.platform(),
         "git_commit": git_commit(),
-        "horovod": horovod,
+        "horovod": None,
         "started_at": utc_now(),
     }
+    env.update(backend_env or {})
+    return env
 
 
 def _torch_source() -> str:
