@@ -119,8 +119,9 @@ _CONFIG = None
 
 
 def pytest_runtest_logreport(report):
-    # the controller prints (under pytest-xdist it receives every worker's reports); workers print nothing
-    if os.environ.get("BENCH_TEST_PROGRESS") != "1" or os.environ.get("PYTEST_XDIST_WORKER"):
+    # the controller prints (under pytest-xdist it receives every worker's reports); workers print nothing. A worker
+    # is told by its config, not by PYTEST_XDIST_WORKER, which a pytest started from inside a worker inherits.
+    if os.environ.get("BENCH_TEST_PROGRESS") != "1" or hasattr(_CONFIG, "workerinput"):
         return
     seen = _PROGRESS.setdefault(report.nodeid, [0.0, "passed", ""])
     seen[0] += report.duration
