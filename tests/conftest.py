@@ -165,9 +165,9 @@ def optional_problem(what: str) -> str | None:
         return None if importlib.util.find_spec("hta") else ("Holistic Trace Analysis is not installed "
                                                             "(holistictraceanalysis; make install does)")
     if what == "nvml":
-        from bench.core import results
+        from bench.core import environment
 
-        return results.nvml_gpus().get("error")
+        return environment.nvml_gpus().get("error")
     if what == "horovod":
         from backends import horovod
 

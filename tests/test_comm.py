@@ -6,10 +6,12 @@ import json
 import pytest
 import torch
 
+from backends.models import flops
 from bench import cli
 from bench.commands import _comm as predict
 from bench.commands.report import comm
-from bench.rank import energy, flops
+from bench.core import mfu
+from bench.rank import energy
 from tests.conftest import bench, cli_error
 
 GiB = 2 ** 30
@@ -35,20 +37,20 @@ def test_resnet50_flops_match_its_known_forward_cost():
     ("NVIDIA A100-SXM4-80GB", "bf16", 312.0), ("NVIDIA L40S", "fp16", 362.05), ("Tesla V100-SXM2-32GB", "fp16", 125.0),
 ])
 def test_peak_table(name, precision, peak):
-    value, source = flops.peak_tflops(name, precision)
+    value, source = mfu.peak_tflops(name, precision)
     assert value == peak and "datasheet" in source
 
 
 def test_peak_unknowns_say_why_and_mfu_is_arithmetic():
-    assert flops.peak_tflops("Tesla V100-SXM2-32GB", "bf16") == (
+    assert mfu.peak_tflops("Tesla V100-SXM2-32GB", "bf16") == (
         None, "Tesla V100-SXM2-32GB has no dense bf16 tensor-core rate in NVIDIA V100 datasheet (SXM2); no bf16, no TF32")
-    assert flops.peak_tflops("Some Future GPU", "bf16") == (None, "Some Future GPU is not in the peak table (give "
+    assert mfu.peak_tflops("Some Future GPU", "bf16") == (None, "Some Future GPU is not in the peak table (give "
                                                                    "--peak-tflops)")
-    assert flops.peak_tflops(None, "fp32") == (None, "no GPU: MFU is for GPUs")
-    assert flops.peak_tflops("Anything", "bf16", override=500) == (500.0, "--peak-tflops")
+    assert mfu.peak_tflops(None, "fp32") == (None, "no GPU: MFU is for GPUs")
+    assert mfu.peak_tflops("Anything", "bf16", override=500) == (500.0, "--peak-tflops")
     # 24.3 GFLOP/image x 16,000 img/s over 8 GPUs of 989.4 TFLOP/s
-    assert flops.mfu(24.3e9, 16_000, 989.4, 8) == pytest.approx(24.3e9 * 16_000 / (989.4e12 * 8))
-    assert flops.mfu(None, 1.0, 1.0, 1) is None and flops.mfu(1.0, 1.0, None, 1) is None
+    assert mfu.mfu(24.3e9, 16_000, 989.4, 8) == pytest.approx(24.3e9 * 16_000 / (989.4e12 * 8))
+    assert mfu.mfu(None, 1.0, 1.0, 1) is None and mfu.mfu(1.0, 1.0, None, 1) is None
 
 
 def test_energy_per_window_and_summary():

@@ -142,12 +142,12 @@ def test_junit_summary(tmp_path):
 def test_runs_that_no_longer_fit_the_budget_are_listed_not_launched(monkeypatch, tmp_path, capsys):
     """The sweep loop itself, with a fake clock and launcher: the budget decides what runs."""
     from bench import cli, launch
-    from bench.core import results
+    from bench.core import environment
 
     fake_cuda(monkeypatch, 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(results, "collect_env", lambda **kw: {"gpu_names": ["NVIDIA H100 80GB HBM3"]})
+    monkeypatch.setattr(environment, "collect_env", lambda *a, **kw: {"gpu_names": ["NVIDIA H100 80GB HBM3"]})
     clock = iter(range(0, 100000, 100))  # every reading 100 s later: start, then one reading per planned run
     monkeypatch.setattr(doctor.time, "monotonic", lambda: next(clock))
     launched = []

@@ -60,11 +60,12 @@ def test_memory_is_read_from_nvml(one_gpu_sweep):
 
 
 def test_flops_and_mfu_on_one_gpu(one_gpu_sweep):
-    from bench.rank import flops
+    from backends.models import flops
+    from bench.core import mfu
 
     for (backend, precision), rec in one_gpu_sweep.items():
         assert rec["flops_per_sample"] == flops.flops_per_sample("resnet18", 64)
-        peak, _ = flops.peak_tflops(torch.cuda.get_device_name(0), precision)
+        peak, _ = mfu.peak_tflops(torch.cuda.get_device_name(0), precision)
         if peak:  # a GPU in the table: MFU is the achieved share of its dense peak
             assert rec["mfu"] == pytest.approx(rec["flops_per_sample"] * rec["throughput"] / (peak * 1e12))
             assert 0 < rec["mfu"] < 1

@@ -32,7 +32,7 @@ def _assert_ok_record(rec, backend, launcher, world_size):
     assert all(0 < b for b in rec["host_peak_rss_bytes"] + rec["warmup_host_peak_rss_bytes"])
     assert rec["skipped_steps"] is None and rec["warmup_skipped_steps"] is None  # no GradScaler in fp32
     # FLOPs are counted for every record; MFU and energy are GPU figures, empty on CPU with the reason
-    from bench.rank.flops import flops_per_sample
+    from backends.models.flops import flops_per_sample
 
     assert rec["flops_per_sample"] == pytest.approx(flops_per_sample("resnet18", 32))
     assert rec["mfu"] is None and rec["peak_tflops_source"] == "no GPU: MFU is for GPUs"

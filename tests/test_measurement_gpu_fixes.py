@@ -232,9 +232,9 @@ def test_dp_refuses_compile_and_channels_last_with_the_reason(options, reason):
     ("NVIDIA H100 PCIe", "bf16", 756.5, "(PCIe)"),
 ])
 def test_peak_table_matches_nvl_before_sxm(name, precision, peak, form):
-    from bench.rank import flops
+    from bench.core import mfu
 
-    value, source = flops.peak_tflops(name, precision)
+    value, source = mfu.peak_tflops(name, precision)
     assert value == peak and source.endswith(f"datasheet {form}, dense")
 
 

@@ -808,7 +808,7 @@ def build(per_rank, **cfg):
 
 
 def test_the_record_takes_the_slowest_rank_and_sums_what_adds_up():
-    from bench.rank import flops
+    from bench.core import mfu
 
     rec = build([rank_measures(0), rank_measures(1)], options={"compile": True})
     assert rec["status"] == "ok" and rec["run_id"] == "r1" and rec["env"] == {"host": "h"}
@@ -834,7 +834,7 @@ def test_the_record_takes_the_slowest_rank_and_sums_what_adds_up():
     assert rec["energy_window_diagnostic"] == {"joules": [11.0, 22.0, None],
                                                "median_joules_per_image": float(np.median([11 / 40, 22 / 40])),
                                                "median_mean_watts": float(np.median([11 / 1.5, 22 / 2.0]))}
-    peak, source = flops.peak_tflops(H100, "fp16")  # the first device's model
+    peak, source = mfu.peak_tflops(H100, "fp16")  # the first device's model
     assert peak and (rec["peak_tflops_per_device"], rec["peak_tflops_source"]) == (peak, source)
     assert rec["flops_per_sample"] == 1e9 and rec["mfu"] == 1e9 * 20.0 / (peak * 1e12 * 2)
     assert isinstance(rec["finished_at"], str) and rec["finished_at"]
@@ -894,9 +894,9 @@ def test_the_record_flags_diverged_replicas_and_instant_evaluation():
 
 
 def flops_source(device, precision):
-    from bench.rank import flops
+    from bench.core import mfu
 
-    return flops.peak_tflops(device, precision)[1]
+    return mfu.peak_tflops(device, precision)[1]
 
 
 def test_the_record_counts_no_warmup_skip_where_no_rank_counted_one_and_evaluation_under_a_second():
@@ -907,10 +907,10 @@ def test_the_record_counts_no_warmup_skip_where_no_rank_counted_one_and_evaluati
 
 
 def test_flops_fields():
-    from bench.rank import flops
+    from bench.core import mfu
 
     cfg = cfg_for(precision="bf16", flops_per_sample=2e9)
-    peak, source = flops.peak_tflops(H100, "bf16")
+    peak, source = mfu.peak_tflops(H100, "bf16")
     assert record.flops_fields(cfg, [{"device_name": H100}, {"device_name": "other"}], 500.0) == {
         "flops_per_sample": 2e9, "peak_tflops_per_device": peak, "peak_tflops_source": source,
         "mfu": 2e9 * 500.0 / (peak * 1e12 * 2)}

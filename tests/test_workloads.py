@@ -7,9 +7,9 @@ import torch
 
 from backends import models
 from backends.base import build_model, checkpoint_blocks, make_optimizer
+from backends.models import flops
 from bench.core import results, workloads
 from bench.core.config import RunConfig
-from bench.rank import flops
 from tests.conftest import bench, cli_error, records
 
 
@@ -179,6 +179,51 @@ def test_a_user_model_and_a_checkpointed_gpt_train_on_two_ranks_with_identical_r
 
 
 # --- bench run --find-max-model -------------------------------------------------------------------------------------
+
+def test_one_workload_descriptor_says_kind_unit_shape_and_default_optimizer():
+    """bench/core/workloads.py classifies a model once: of() for a name and its flags, of_record() for records and a
+    report's rows (sizes as ints where a table holds NaN); the key lists that group runs are built from FIELDS."""
+    assert workloads.of("resnet50", 224) == workloads.Workload("resnet50", "vision", 224)
+    gpt = workloads.of_record({"model": "gpt-tiny", "image_size": float("nan"), "seq_len": 64.0})
+    assert (gpt.kind, gpt.unit, gpt.shape, gpt.optimizer) == ("language", "seq", "seq 64", "adamw")
+    user = workloads.of_record({"model": "tests.user_model:factory", "optimizer": "sgd"})
+    assert (user.kind, user.unit, user.shape, user.optimizer) == ("custom", "sample", "", "sgd")
+    assert workloads.of("vit_b_16", 224).default_optimizer == "sgd" and cfg_for().workload.kind == "language"
+    from bench.commands.report import common
+    from bench.commands.report.inputbound import SAME
+
+    for keys in (results.CONFIG_KEYS, common.BASELINE_MATCH, common.WORKLOAD, common.CSV_FIRST, SAME):
+        assert set(workloads.FIELDS) <= set(keys), keys
+
+
+def test_a_user_model_scores_its_samples_by_its_own_loss_with_no_accuracy():
+    """Evaluation asked a user's model for cross-entropy and top-1 whatever its loss: a model with its own loss and
+    targets that are not class indices crashed there (tests/user_model.py regression)."""
+    workload = models.workload("tests.user_model:regression", None, None, False)
+    out, y = torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 0.0, 1.0])
+    losses, correct = workload.per_sample(out, y)
+    assert losses.tolist() == [0.0, 4.0, 9.0] and correct is None
+    classifier = models.workload("tests.user_model:factory", None, None, False)
+    losses, correct = classifier.per_sample(torch.tensor([[0.0, 5.0], [5.0, 0.0]]), torch.tensor([1, 1]))
+    assert correct.tolist() == [1.0, 0.0] and losses[0] < losses[1]
+
+
+@pytest.mark.slow
+def test_a_user_model_with_its_own_loss_trains_verifies_and_evaluates(tmp_path):
+    model = ["--model", "tests.user_model:regression", "--device", "cpu", "--gpus", 2]
+    run = bench("run", "--backends", "ddp", *model, "--batch-size", 4, "--warmup", 2, "--steps", 2, "--windows", 2,
+                "--eval", "--eval-samples", 9, "--results", tmp_path / "run")
+    assert run.returncode == 0, run.stdout + run.stderr
+    [rec] = records(tmp_path / "run")
+    assert rec["status"] == "ok" and rec["replicas_consistent"] is True, rec["reason"]
+    assert rec["eval_samples"] == 9 and rec["eval_loss"] > 0 and rec["eval_accuracy"] is None
+    verify = bench("verify", "--backends", "ddp", *model, "--steps", 4, "--results", tmp_path / "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "| ddp     │ 2 " not in verify.stdout and " pass " in verify.stdout
+    report = bench("report", "--results", tmp_path / "run", "--out", tmp_path / "rep")
+    assert report.returncode == 0, report.stderr
+    assert "| none: scored by its own loss |" in (tmp_path / "rep" / "REPORT.md").read_text()
+
 
 def test_the_model_search_walks_the_ladder_up_to_the_first_size_that_does_not_fit():
     from bench.commands import _maxmodel

@@ -14,7 +14,11 @@ arguments. It returns an object or a dict with
 - ``batch(n, generator)``: n samples as ``(inputs, targets)``, CPU tensors, drawn from ``generator`` (a seeded
   ``torch.Generator``), so every rank and run gets its own fixed batch;
 - optionally ``loss(outputs, targets)`` (default: cross-entropy over the last dimension) and ``blocks`` (the modules
-  to shard and checkpoint one by one; default: the backend's choice).
+  to shard and checkpoint one by one; default: the backend's choice);
+- optionally ``per_sample(outputs, targets)``: how evaluation (``--eval``, ``bench verify``) scores each sample, a
+  tensor of per-sample losses, or ``(losses, accuracies)`` where an accuracy makes sense. Without it, a model with its
+  own ``loss`` is scored by that loss on each sample alone, with no accuracy (its targets need not be classes); a model
+  with the default loss is a classifier, scored by cross-entropy and top-1.
 
 An import error or a factory that breaks the contract fails the run like any other error, with the traceback in
 the run's log. See ``tests/user_model.py`` for a complete example.
@@ -37,7 +41,7 @@ def for_config(cfg) -> "Workload":
 
 @functools.lru_cache(maxsize=8)  # one per run in a rank; a user's factory is imported and checked once
 def workload(model: str, image_size: int | None, seq_len: int | None, channels_last: bool) -> "Workload":
-    kind = workloads.kind(model)
+    kind = workloads.of(model).kind
     if kind == "language":
         return GPTWorkload(model, seq_len)
     if kind == "custom":
@@ -55,8 +59,9 @@ class Workload:
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
 
-    def per_sample(self, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each sample's loss and its share of correct predictions (top-1), both float, one per sample."""
+    def per_sample(self, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each sample's loss and its share of correct predictions (top-1), both float, one per sample; the accuracy
+        None where the workload has none."""
         out = outputs.float()
         if out.dim() == 2:  # (batch, classes)
             return F.cross_entropy(out, targets, reduction="none"), (out.argmax(1) == targets).float()
@@ -135,7 +140,7 @@ class UserWorkload(Workload):
         with torch.random.fork_rng(devices=[]):  # the contract's check leaves the caller's random state alone
             made = self._made()
         get = made.get if isinstance(made, dict) else lambda key, default=None: getattr(made, key, default)
-        self._batch, self._loss = get("batch"), get("loss")
+        self._batch, self._loss, self._per_sample = get("batch"), get("loss"), get("per_sample")
 
     def _made(self):
         made = self.factory()
@@ -158,3 +163,15 @@ class UserWorkload(Workload):
 
     def loss(self, outputs, targets):
         return self._loss(outputs, targets) if self._loss else super().loss(outputs, targets)
+
+    def per_sample(self, outputs, targets):
+        """The factory's ``per_sample``; else, with its own ``loss``, that loss on each sample alone and no accuracy;
+        else a classifier's (cross-entropy and top-1)."""
+        if self._per_sample:
+            got = self._per_sample(outputs, targets)
+            losses, correct = got if isinstance(got, tuple) else (got, None)
+            return losses.float(), None if correct is None else correct.float()
+        if self._loss:
+            return torch.stack([self._loss(outputs[i:i + 1], targets[i:i + 1]).float()
+                                for i in range(len(outputs))]), None
+        return super().per_sample(outputs, targets)

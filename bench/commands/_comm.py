@@ -52,12 +52,12 @@ def gradient_bytes(rec: dict) -> tuple[int | None, str]:
     model's name at the run's sequence length (fp32 parameters, as every backend keeps them). (None, why) for a
     user's model (``pkg.mod:factory``) with no such record: its size is known only from its runs."""
     from bench.core import workloads
-    from bench.rank import flops
+    from backends.models import flops
 
     state = rec.get("state_bytes") or []
     if len(state) == 1 and (state[0] or {}).get("parameters"):
         return int(state[0]["parameters"]), "the run's parameters (state_bytes)"
-    if workloads.kind(rec["model"]) == "custom":
+    if workloads.of_record(rec).kind == "custom":
         return None, (f"{rec['model']} is a user's model, whose size only a one-process run's record gives "
                       "(state_bytes), and this one has none")
     return 4 * flops.parameter_count(rec["model"], rec.get("seq_len")), "4 bytes x the model's parameters"

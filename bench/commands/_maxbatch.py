@@ -13,10 +13,11 @@ GPU's memory: sharded backends then fit larger batches, for the same reason they
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-OOM = "out of memory"
+from bench.commands import _probe
+from bench.commands._probe import OOM
+
 RESOLUTION = 8  # bisect until hi - lo <= lo / RESOLUTION
 
 
@@ -26,7 +27,7 @@ def search(cfg, probe, cap: int) -> dict:
 
     def fits(batch: int) -> bool | None:
         rec = probe(batch)
-        status = "fits" if rec["status"] == "ok" else OOM if str(rec.get("reason", "")).startswith(OOM) else "error"
+        status = _probe.outcome(rec)
         tried.append({"batch": batch, "result": status, "run_id": rec["run_id"], "reason": rec.get("reason"),
                       "memory": rec.get("memory"), "host_peak_rss_bytes": rec.get("host_peak_rss_bytes")})
         return {"fits": True, OOM: False}.get(status)
@@ -65,38 +66,12 @@ def _result(cfg, tried, max_batch, capped, error=None) -> dict:
 
 def run(configs, results_dir: Path, env_meta: dict, cap: int, memory_limit_gib: float | None, say) -> list[dict]:
     """Search every configuration; probe records go to RESULTS/maxbatch, and one summary file beside them."""
-    import backends
-    from bench import launch
-    from bench.commands._plan import loader_unavailable
-    from bench.core import results
-    from bench.core.config import MIN_WARMUP
-
-    out = results_dir / "maxbatch"
-    rows = []
-    for i, cfg in enumerate(configs, 1):
-        backend = backends.create(cfg.backend)
-        reason = loader_unavailable(cfg) or backend.unavailable(cfg)
-        if reason:
-            rows.append({**_result(cfg, [], None, capped=False), "skipped": reason})
-            say(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size}: skipped: {reason}")
-            continue
-        least = max(MIN_WARMUP, backend.min_warmup(cfg)[0])
-
-        def probe(batch, cfg=cfg, backend=backend, least=least):
-            short = dataclasses.replace(cfg, batch_size=batch, warmup=least, steps=1, windows=1, eval=False)
-            rec = launch.run_one(short, out, env_meta, backend, memory_limit_gib=memory_limit_gib)
-            say(f"    batch {batch}: {'fits' if rec['status'] == 'ok' else rec['reason'][:120]}")
-            return rec
-
-        say(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size} {cfg.precision}: searching from batch "
-            f"{cfg.batch_size} (cap {cap})")
-        row = search(cfg, probe, cap)
-        say(f"    max batch per device: {describe(row)}")
-        rows.append(row)
-    doc = {"schema": 1, "kind": "maxbatch", "created_at": results.utc_now(), "cap": cap,
-           "memory_limit_gib": memory_limit_gib, "env": env_meta, "rows": rows}
-    results.write_json_atomic(doc, out / f"summary-{results.new_run_id('maxbatch', len(rows))}.json")
-    return rows
+    return _probe.sweep(
+        "maxbatch", configs, results_dir, env_meta, memory_limit_gib, say,
+        empty=lambda cfg: _result(cfg, [], None, capped=False),
+        start=lambda cfg: f"searching from batch {cfg.batch_size} (cap {cap})",
+        search=lambda cfg, probe: search(cfg, lambda batch: probe(f"batch {batch}", batch_size=batch), cap),
+        done=lambda row: f"max batch per device: {describe(row)}", summary={"cap": cap})
 
 
 def describe(row: dict) -> str:

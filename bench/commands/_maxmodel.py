@@ -13,10 +13,9 @@ On CPUs nothing runs out of memory unless ``--memory-limit-gib G`` gives every r
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from bench.commands._maxbatch import OOM
+from bench.commands import _probe
 from bench.core import workloads
 from bench.core.errors import UsageError
 
@@ -42,7 +41,7 @@ def search(cfg, sizes: list[str], probe) -> dict:
     tried, best = [], None
     for model in sizes:
         rec = probe(model)
-        status = "fits" if rec["status"] == "ok" else OOM if str(rec.get("reason", "")).startswith(OOM) else "error"
+        status = _probe.outcome(rec)
         tried.append({"model": model, "parameters": workloads.gpt_parameters(model, cfg.seq_len), "result": status,
                       "run_id": rec["run_id"], "reason": rec.get("reason"), "state_bytes": rec.get("state_bytes"),
                       "memory": rec.get("memory"), "host_peak_rss_bytes": rec.get("host_peak_rss_bytes")})
@@ -61,38 +60,12 @@ def search(cfg, sizes: list[str], probe) -> dict:
 def run(configs, sizes: list[str], results_dir: Path, env_meta: dict, memory_limit_gib: float | None,
         say) -> list[dict]:
     """Search every configuration; probe records go to RESULTS/maxmodel, and one summary file beside them."""
-    import backends
-    from bench import launch
-    from bench.core import results
-    from bench.core.config import MIN_WARMUP
-
-    out = results_dir / "maxmodel"
-    rows = []
-    for i, cfg in enumerate(configs, 1):
-        backend = backends.create(cfg.backend)
-        reason = backend.unavailable(cfg)
-        if reason:
-            rows.append({**search_row_skipped(cfg), "skipped": reason})
-            say(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size}: skipped: {reason}")
-            continue
-        least = max(MIN_WARMUP, backend.min_warmup(cfg)[0])
-
-        def probe(model, cfg=cfg, backend=backend, least=least):
-            short = dataclasses.replace(cfg, model=model, warmup=least, steps=1, windows=1, eval=False,
-                                        flops_per_sample=None)
-            rec = launch.run_one(short, out, env_meta, backend, memory_limit_gib=memory_limit_gib)
-            say(f"    {model}: {'fits' if rec['status'] == 'ok' else rec['reason'][:120]}")
-            return rec
-
-        say(f"[{i}/{len(configs)}] {cfg.backend} x{cfg.world_size} {cfg.precision}: {', '.join(sizes)} at batch "
-            f"{cfg.batch_size}/device, seq {cfg.seq_len}, {cfg.optimizer}")
-        row = search(cfg, sizes, probe)
-        say(f"    largest model that trains: {describe(row)}")
-        rows.append(row)
-    doc = {"schema": 1, "kind": "maxmodel", "created_at": results.utc_now(), "ladder": sizes,
-           "memory_limit_gib": memory_limit_gib, "env": env_meta, "rows": rows}
-    results.write_json_atomic(doc, out / f"summary-{results.new_run_id('maxmodel', len(rows))}.json")
-    return rows
+    return _probe.sweep(
+        "maxmodel", configs, results_dir, env_meta, memory_limit_gib, say, empty=search_row_skipped,
+        start=lambda cfg: (f"{', '.join(sizes)} at batch {cfg.batch_size}/device, seq {cfg.seq_len}, "
+                           f"{cfg.optimizer}"),
+        search=lambda cfg, probe: search(cfg, sizes, lambda model: probe(model, model=model, flops_per_sample=None)),
+        done=lambda row: f"largest model that trains: {describe(row)}", summary={"ladder": sizes})
 
 
 def search_row_skipped(cfg) -> dict:

@@ -50,7 +50,7 @@ RUN_FLAGS = [
         ("--precision", {"help": "fp32 | fp16 | bf16 (default: the backend's own, fp32 for most)"}),
         ("--timeout", {"type": float, "help": "seconds per run before it is killed (default scales with steps)"}),
         ("--peak-tflops", {"type": float, "help": "the GPU's dense peak TFLOP/s at the run's precision, for MFU "
-                                                  "(default: bench/rank/flops.py's table)"}),
+                                                  "(default: bench/core/mfu.py's table)"}),
         ("--repeat", {"type": int, "help": "runs of every configuration, each its own process tree, in interleaved "
                                            "order (default 1); the run is the statistical unit"}),
         ("--cudnn-benchmark", {"choices": tuple(ON_OFF), "help": "torch.backends.cudnn.benchmark on CUDA (default "
@@ -141,7 +141,7 @@ def check_model(name: str) -> None:
 
     from bench.core import workloads
 
-    if workloads.kind(name) != "vision":  # gpt-<size> (kind() checked the size) or package.module:factory
+    if workloads.of(name).kind != "vision":  # gpt-<size> (of() checked the size) or package.module:factory
         module, _, factory = name.partition(":")
         if ":" in name and not (module and factory):
             raise UsageError(f"--model {name!r}: your own model is package.module:factory")
@@ -288,17 +288,18 @@ def loader_unavailable(cfg: RunConfig) -> str | None:
 
 
 def workload_flops(model: str, image_size: int | None, seq_len: int | None = None) -> float | None:
-    """Training FLOPs per sample (bench.rank.flops), or None (with a warning when a model cannot be counted)."""
+    """Training FLOPs per sample (backends/models/flops.py), or None (with a warning when a model cannot be counted)."""
+    from backends.models import flops
     from bench.core import workloads
-    from bench.rank import flops
 
-    if workloads.kind(model) == "custom":
+    workload = workloads.of(model, image_size, seq_len)
+    if workload.kind == "custom":
         return None  # built in the ranks only: not counted, no MFU (README: Workloads)
     try:
         return flops.flops_per_sample(model, image_size, seq_len)
     except Exception as e:  # noqa: BLE001 - a model the meta device cannot trace: no FLOPs, no MFU, still a run
-        print(f"warning: cannot count FLOPs of {model} at {workloads.shape({'image_size': image_size, 'seq_len': seq_len})}"
-              f" ({type(e).__name__}: {e}); no MFU", file=sys.stderr)
+        print(f"warning: cannot count FLOPs of {model} at {workload.shape} ({type(e).__name__}: {e}); no MFU",
+              file=sys.stderr)
         return None
 
 

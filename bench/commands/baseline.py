@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench.core.devices import usable_cpus
 from bench.core.errors import DISK_FULL, UsageError, warn
+from bench.core import environment
 
 BASELINE_DIR = "results/baselines"
 BASELINE_SCHEMA = 1
@@ -82,11 +83,10 @@ def machine_hardware() -> tuple[str, str, int]:
     """
     import torch
 
-    from bench.core import results
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0), "cuda", torch.cuda.device_count()
-    return f"CPU: {results._cpu_model() or 'unknown'}", "cpu", usable_cpus()
+    return f"CPU: {environment._cpu_model() or 'unknown'}", "cpu", usable_cpus()
 
 
 def machine_name(gpus: str | None = None, max_gpus: str | None = None) -> str:

@@ -21,6 +21,7 @@ from bench.commands._plan import check_writable, world_sizes
 from bench.core.devices import detect_device
 from bench.core.errors import UsageError
 from bench.core.text import human
+from bench.core import environment
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 DEFAULT_RANGE = {"cuda": ("4K", "1G"), "cpu": ("4K", "16M")}  # NVLink/NVLS reach their plateau near 1 GiB
@@ -94,7 +95,6 @@ def plan(args):
 def cmd_collectives(args) -> int:
     import backends
     from bench import launch
-    from bench.core import results
     from bench.core.config import RunConfig
 
     device, world, ops, message_sizes = plan(args)
@@ -103,7 +103,7 @@ def cmd_collectives(args) -> int:
         return 0
     out = Path(args.results) / "collectives"
     check_writable(out)
-    env = results.collect_env()
+    env = environment.collect_env()
     status = 0
     runs = [("ddp", ops)] + ([] if args.no_horovod else [("horovod", ["horovod_allreduce"])])
     for n in world:

@@ -30,6 +30,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from bench.core.results import REPO_ROOT
+from bench.core import environment
 
 TIERS = {"quick": {"precisions": ("bf16",), "budget_s": 450.0, "tests_share": 0.6},
          "full": {"precisions": ("fp32", "bf16", "fp16"), "budget_s": 1200.0, "tests_share": 0.45}}
@@ -269,7 +270,6 @@ def cmd_doctor(args) -> int:
     import backends
     from bench import launch
     from bench.commands._plan import check_writable
-    from bench.core import results
     from bench.core.errors import UsageError
 
     start = time.monotonic()
@@ -295,7 +295,7 @@ def cmd_doctor(args) -> int:
         print(f"doctor: pytest -m gpu, {jobs} at once, {share * budget:.0f} s at most, {args.test_timeout:.0f} s per "
               f"test (log: {out / 'gpu-tests.log'}) ...", file=sys.stderr, flush=True)
         tests = run_tests(share * budget, out, args.test_timeout, jobs)
-    env_meta = results.collect_env()
+    env_meta = environment.collect_env()
     rows = []
     for i, cfg in enumerate(configs, 1):
         left = deadline - time.monotonic()

@@ -15,6 +15,7 @@ from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError
 from bench.core.results import LOADER_SCHEMA
 from bench.rank.loader import measure_rank
+from bench.core import environment
 
 
 def register(sub) -> None:
@@ -90,7 +91,7 @@ def cmd_loader(args) -> int:
             rows.append(row)
             print(line(row, workers, ranks, batch, size, args.batches), flush=True)
     if args.results:
-        env = results.collect_env()
+        env = environment.collect_env()
         record = {"schema": LOADER_SCHEMA, "kind": "loader", "run_id": results.new_run_id("loader", ranks), "status": "ok",
                   "data_dir": str(args.data_dir), "image_size": size, "batch_per_rank": batch, "ranks": ranks,
                   "workers_per_rank": workers, "batches": args.batches, "device_type": device_type,

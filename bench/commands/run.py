@@ -11,7 +11,7 @@ from pathlib import Path
 import backends
 from bench.commands import _nodes
 from bench.commands._plan import add_run_arguments, check_writable, interleave, loader_unavailable, plan
-from bench.core import traces, workloads
+from bench.core import environment, traces, workloads
 from bench.core.devices import detect_device, usable_cpus
 from bench.core.errors import UsageError, warn
 from bench.core.trust import OTHERS_CPU_SHARE
@@ -37,7 +37,6 @@ def cmd_run(args) -> int:
     from bench import launch
     from bench.commands import _progress as progress
     from bench.commands import _summary as summary
-    from bench.core import results
     from bench.launch import machine
 
     wait_quiet = getattr(args, "wait_quiet", None)
@@ -81,7 +80,7 @@ def cmd_run(args) -> int:
     check_writable(results_dir)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
-    env_meta = results.collect_env(backends.environment(c.backend for c in configs))
+    env_meta = environment.collect_env(backends.environment(c.backend for c in configs))
     if args.resume:
         configs = _not_yet_done(configs, results_dir, env_meta)
     # Ctrl-C and SIGTERM end the sweep, whatever this process inherited: a shell script's background job starts with
@@ -145,7 +144,6 @@ def find_max_model(args, configs, notes, sizes) -> int:
 def _search_setup(args, configs, notes):
     """What --find-max-batch and --find-max-model share: the heap budget checked, the results directory, the notes,
     the environment; the configurations to search (the labelled cudnn.benchmark-off variant is not one)."""
-    from bench.core import results
 
     if args.memory_limit_gib is not None and (configs[0].device_type == "cuda" or args.memory_limit_gib <= 0):
         raise UsageError(f"--memory-limit-gib {args.memory_limit_gib:g}: a positive number of GiB, for CPU runs only "
@@ -154,7 +152,7 @@ def _search_setup(args, configs, notes):
     check_writable(results_dir)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
-    env_meta = results.collect_env(backends.environment(c.backend for c in configs))
+    env_meta = environment.collect_env(backends.environment(c.backend for c in configs))
     return [c for c in configs if c.cudnn_benchmark is not False], results_dir, env_meta
 
 
@@ -192,7 +190,7 @@ def run_external(args, configs) -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     rank = int(os.environ["RANK"])
     spec = {"config": cfg.to_dict(), "run_id": results.new_run_id(cfg.backend, cfg.world_size),
-            "results_dir": args.results, "env": results.collect_env(), "threads_per_rank": max(1, usable_cpus()
+            "results_dir": args.results, "env": environment.collect_env(), "threads_per_rank": max(1, usable_cpus()
                                                                                                 // local),
             "launched_by": "external", "master_port": int(os.environ["MASTER_PORT"]),
             "trace_steps": getattr(args, "trace", None)}

@@ -36,7 +36,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from bench.core import workloads
+from bench.core import environment, workloads
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError
 
@@ -146,7 +146,7 @@ def cmd_verify(args) -> int:
     base, entries = plan(args)
     out = Path(args.results) / "verify"
     check_writable(out)
-    env = results.collect_env(backends.environment(e.backend for e in entries if not e.skipped))
+    env = environment.collect_env(backends.environment(e.backend for e in entries if not e.skipped))
     todo = [e for e in entries if not e.skipped]
     cores = usable_cpus()
 
@@ -225,7 +225,7 @@ def compare(e: Entry, ran: dict, base: dict) -> dict:
     if e.skipped:
         return row
     row["reference"] = describe_reference(e.reference, base["batch_size"])
-    if e.reference[0] > 1 and e.reference[1] == "local" and workloads.kind(base["model"]) == "vision":
+    if e.reference[0] > 1 and e.reference[1] == "local" and workloads.of(base["model"]).kind == "vision":
         row["note"] = ("BatchNorm normalises each replica's share: not the same training as single at the global "
                        "batch, and compared with single running the shares as micro-batches")
     ref, twin = ran[e.reference + (False,)], ran.get(e.reference + (True,))

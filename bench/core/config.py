@@ -53,20 +53,20 @@ class RunConfig:
     eval: bool = False  # evaluate after training (DistributedSampler shards, all-reduced sums)
     eval_samples: int = 300  # size of the synthetic evaluation set
     nnodes: int = 1  # machines in the run; world_size = nnodes x processes per node
-    flops_per_sample: float | None = None  # training FLOPs per image (bench.rank.flops), counted once per workload
-    peak_tflops: float | None = None  # --peak-tflops: the device's dense peak, overriding bench.rank.flops.PEAKS
+    flops_per_sample: float | None = None  # training FLOPs per image (backends/models/flops.py), counted once per workload
+    peak_tflops: float | None = None  # --peak-tflops: the device's dense peak, overriding bench.rank.mfu.PEAKS
     seq_len: int | None = None  # gpt-<size>: tokens per sample (bench/core/workloads.py)
-    optimizer: str | None = None  # sgd | adamw; None: the workload's default (workloads.default_optimizer)
+    optimizer: str | None = None  # sgd | adamw; None: the workload's default (Workload.default_optimizer)
 
     def validate(self) -> "RunConfig":
-        kind = workloads.kind(self.model)
+        kind = self.workload.kind
         if kind != "language" and self.seq_len is not None:
             raise UsageError(f"--seq-len is for the gpt-<size> models; {self.model} is not one")
         if kind == "language" and self.seq_len is None:
             self.seq_len = workloads.DEFAULT_SEQ_LEN.get(self.device_type, 64)
         if kind != "vision":
             self.image_size = None  # no images
-        self.optimizer = self.optimizer or workloads.default_optimizer(self.model)
+        self.optimizer = self.optimizer or self.workload.default_optimizer
         if self.optimizer not in workloads.OPTIMIZERS:
             raise UsageError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(workloads.OPTIMIZERS)}")
         sizes = ("image_size",) if kind == "vision" else ("seq_len",) if kind == "language" else ()
@@ -102,6 +102,11 @@ class RunConfig:
         elif self.cudnn_benchmark is None:
             self.cudnn_benchmark = True  # what users run
         return self
+
+    @property
+    def workload(self) -> workloads.Workload:
+        """What this run trains (bench/core/workloads.py): kind, unit, shape, default optimizer."""
+        return workloads.of(self.model, self.image_size, self.seq_len, self.optimizer)
 
     @property
     def nproc_per_node(self) -> int:

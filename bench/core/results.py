@@ -9,17 +9,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import platform
-import socket
-import subprocess
-import sys
 import tempfile
 import uuid
 import warnings
 from pathlib import Path
 
 from bench.core import workloads
-from bench.core.devices import usable_cpus
 
 SCHEMA = 2  # 2: peaks are the timed windows' (warm-up peaks separate); repeats; cudnn knob
 LOADER_SCHEMA = "loader-1"  # bench loader's records (RESULTS/loader), read by the report's "Input bound" section
@@ -62,7 +57,7 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
         "model": cfg["model"],
         "image_size": cfg["image_size"],
         "seq_len": cfg.get("seq_len"),
-        "optimizer": cfg.get("optimizer") or workloads.default_optimizer(cfg["model"]),
+        "optimizer": workloads.of_record(cfg).optimizer,
         "tokens_per_second": None,
         "precision": cfg["precision"],
         "batch_per_device": cfg["batch_size"],
@@ -177,136 +172,11 @@ def load(path: str | os.PathLike, warn=warnings.warn) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Environment metadata. Nothing here creates a CUDA context (NVML and version queries only), so the
-# harness process can call it without holding memory on GPU 0.
-
-def _run(cmd: list[str], timeout: float = 20) -> str | None:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def nvml_gpus() -> dict:
-    """Names of the GPUs this process can use (CUDA_VISIBLE_DEVICES honoured, in CUDA order), their count
-    and the driver, from NVML; or an ``error`` when NVML is absent."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as e:  # no driver, no library: CPU machine
-        return {"error": f"NVML unavailable: {e}"}
-    try:
-        n = pynvml.nvmlDeviceGetCount()
-        names = []
-        for i in _visible_nvml_indices(n):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else name)
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        return {"count": len(names), "names": names,
-                "driver": driver.decode() if isinstance(driver, bytes) else driver}
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _visible_nvml_indices(total: int) -> list[int]:
-    """NVML indices of CUDA devices 0, 1, ... as this process sees them. torch's mapping reads
-    CUDA_VISIBLE_DEVICES (indices or UUIDs) without creating a CUDA context."""
-    try:
-        import torch
-
-        return [torch.cuda._get_nvml_device_index(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # private helper missing in this torch, or an unusual CUDA_VISIBLE_DEVICES
-        return list(range(total))
-
-
-def git_commit() -> str | None:
-    commit = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
-    if commit and _run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"]):
-        commit += "-dirty"
-    return commit
-
-
-def collect_env(backend_env: dict | None = None) -> dict:
-    """The machine and software of a run, once per record; ``backend_env``: what the sweep's backends add
-    (backends.environment: Horovod's build)."""
-    import torch
-
-    cuda = torch.version.cuda
-    nccl = None
-    if cuda and torch.distributed.is_nccl_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:
-            nccl = None
-    gpus = nvml_gpus()
-    topo = _run(["nvidia-smi", "topo", "-m"]) if gpus.get("count") else None
-    env = {
-        "torch": torch.__version__,
-        "torchvision": _version("torchvision"),
-        # where torch came from: "locked" (make's default, requirements.lock), "system" (TORCH=system: the
-        # interpreter's own), or "unmanaged" (an environment make did not build)
-        "torch_source": _torch_source(),
-        "deepspeed": _version("deepspeed"),
-        "dali": _version("nvidia-dali-cuda130") or _version("nvidia-dali-cuda120"),
-        "cuda": cuda,
-        "nccl": nccl,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "cuda_available": torch.cuda.is_available(),
-        "gpu_count": gpus.get("count", 0),
-        "gpu_names": gpus.get("names", []),
-        "driver": gpus.get("driver"),
-        "nvml": gpus.get("error", "ok"),
-        "topology": topo,
-        "cpu_count": usable_cpus(),  # the cores this run may use (its affinity mask), which set its threads
-        "cpu_count_machine": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "hostname": socket.gethostname(),
-        "python": platform.python_version(),
-        "python_prefix": sys.prefix,  # the harness's environment; every rank's own is in rank_python_prefixes
-        "platform": platform.platform(),
-        "git_commit": git_commit(),
-        "horovod": None,
-        "started_at": utc_now(),
-    }
-    env.update(backend_env or {})
-    return env
-
-
-def _torch_source() -> str:
-    mode = Path(sys.prefix) / ".torch-mode"  # written by scripts/install.sh
-    try:
-        return mode.read_text().strip() or "unmanaged"
-    except OSError:
-        return "unmanaged"
-
-
-def _version(dist: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-# ---------------------------------------------------------------------------------------------------
 # Grouping: runs of the same configuration on the same kind of hardware. Reports and the regression gate
 # both group with this, so "the same configuration" means one thing across the suite.
 
-CONFIG_KEYS = ("backend", "world_size", "model", "image_size", "seq_len", "optimizer", "precision", "batch_per_device",
-               "data", "loader", "decode", "device_type", "hardware", "options", "cudnn_benchmark", "nnodes")
+CONFIG_KEYS = ("backend", "world_size", *workloads.FIELDS, "precision", "batch_per_device", "data", "loader", "decode",
+               "device_type", "hardware", "options", "cudnn_benchmark", "nnodes")
 
 
 def hardware(rec: dict) -> str:
@@ -325,7 +195,7 @@ def config_key(rec: dict) -> tuple:
     values["hardware"] = hardware(rec)
     values["nnodes"] = rec.get("nnodes") or 1
     # records from before --optimizer trained the torchvision models with SGD
-    values["optimizer"] = rec.get("optimizer") or workloads.default_optimizer(str(rec.get("model")))
+    values["optimizer"] = workloads.of_record(rec).optimizer
     if rec.get("data") not in (None, "synthetic"):  # records from before --loader read with torchvision on the CPU
         values["loader"], values["decode"] = rec.get("loader") or "torchvision", rec.get("decode") or "cpu"
     values["options"] = json.dumps(rec.get("options") or {}, sort_keys=True)

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from bench.core.errors import UsageError
 
 # name: (layers, width, heads, vocabulary)
@@ -29,20 +31,69 @@ OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_SEQ_LEN = {"cuda": 1024, "cpu": 64}
 
 
-def kind(model: str) -> str:
+# What makes two runs the same workload: the model, its input's shape and the optimizer (every key list of the suite
+# that groups runs is built from these: results.CONFIG_KEYS, the report's baseline match, the input-bound match).
+FIELDS = ("model", "image_size", "seq_len", "optimizer")
+# ... and what a report's table holds fixed: the same workload, per-device batch and data
+TABLE_FIELDS = (*FIELDS, "batch_per_device", "data")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A run's workload, classified once: ``kind`` (vision, language or custom), its sample ``unit`` (img, seq,
+    sample), the input's ``shape`` for titles and the ``default_optimizer``. Built by ``of`` (a model name and its
+    flags) or ``of_record`` (a record or a report's row)."""
+    model: str
+    kind: str
+    image_size: int | None = None
+    seq_len: int | None = None
+    optimizer: str | None = None
+
+    @property
+    def unit(self) -> str:
+        """What one sample is: an image (img), a sequence (seq), or a user model's sample."""
+        if self.seq_len:
+            return "seq"
+        return "img" if self.image_size or self.kind != "custom" else "sample"
+
+    @property
+    def shape(self) -> str:
+        """The input's shape, for titles: ``224px`` for an image model, ``seq 1024`` for a sequence model, nothing
+        for a user's model (its batches are its own)."""
+        if self.seq_len:
+            return f"seq {self.seq_len}"
+        return f"{self.image_size}px" if self.image_size else ""
+
+    @property
+    def default_optimizer(self) -> str:
+        """SGD for the torchvision models (as the source articles train them), AdamW for the rest: the Adam state is
+        what ZeRO and FSDP shard."""
+        return "sgd" if self.kind == "vision" else "adamw"
+
+
+def of(model: str, image_size: int | None = None, seq_len: int | None = None, optimizer: str | None = None) -> Workload:
+    """The workload ``--model`` names, with its flags; one line (exit 2) for an unknown GPT size."""
+    return Workload(model, _kind(model, strict=True), image_size, seq_len, optimizer)
+
+
+def of_record(rec: dict) -> Workload:
+    """The workload of a record, a configuration dict or a report's row (sizes NaN where rows mix workloads; records
+    from before --optimizer trained with the workload's default)."""
+    model = str(rec.get("model"))
+    w = Workload(model, _kind(model, strict=False), size(rec, "image_size"), size(rec, "seq_len"))
+    return Workload(w.model, w.kind, w.image_size, w.seq_len, rec.get("optimizer") or w.default_optimizer)
+
+
+def _kind(model: str, strict: bool) -> str:
     if model in GPT_SIZES:
         return "language"
     if ":" in model:
         return "custom"
     if model.startswith("gpt-"):
-        raise UsageError(f"unknown GPT size {model!r}; choose from {', '.join(GPT_SIZES)}")
+        if strict:
+            raise UsageError(f"unknown GPT size {model!r}; choose from {', '.join(GPT_SIZES)}")
+        return "language"
     return "vision"
-
-
-def default_optimizer(model: str) -> str:
-    """SGD for the torchvision models (as the source articles train them), AdamW for the rest: the Adam state is
-    what ZeRO and FSDP shard."""
-    return "sgd" if kind(model) == "vision" else "adamw"
 
 
 def gpt_parameters(model: str, seq_len: int) -> int:
@@ -60,15 +111,10 @@ def size(rec: dict, key: str) -> int | None:
 
 
 def shape(rec: dict) -> str:
-    """The input's shape, for titles: ``224px`` for an image model, ``seq 1024`` for a sequence model, nothing for
-    a user's model (its batches are its own)."""
-    if size(rec, "seq_len"):
-        return f"seq {size(rec, 'seq_len')}"
-    return f"{size(rec, 'image_size')}px" if size(rec, "image_size") else ""
+    """``of_record(rec).shape``: the input's shape for titles."""
+    return of_record(rec).shape
 
 
 def sample_unit(rec: dict) -> str:
-    """What one sample is: an image (img), a sequence (seq), or a user model's sample."""
-    if size(rec, "seq_len"):
-        return "seq"
-    return "img" if size(rec, "image_size") or ":" not in str(rec.get("model")) else "sample"
+    """``of_record(rec).unit``: what one sample is."""
+    return of_record(rec).unit

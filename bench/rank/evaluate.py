@@ -49,8 +49,9 @@ def _inputs(x: torch.Tensor, device, dtype) -> torch.Tensor:
 def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     """Evaluate ``backend.model`` on this rank's exact shard of ``dataset`` and all-reduce the sums.
 
-    Returns ``eval_samples`` (over all ranks), ``eval_loss`` (mean cross-entropy), ``eval_accuracy`` (top-1,
-    0..1) and ``eval_seconds`` (this rank's wall time, max over ranks taken by the caller's gather)."""
+    Returns ``eval_samples`` (over all ranks), ``eval_loss`` (mean per-sample loss: cross-entropy, or a user model's
+    own), ``eval_accuracy`` (top-1, 0..1; None for a workload that scores no accuracy: a user model with its own loss)
+    and ``eval_seconds`` (this rank's wall time, max over ranks taken by the caller's gather)."""
     from torch.utils.data import DataLoader, Subset
 
     distributed = backend.launcher != "inproc"
@@ -65,6 +66,7 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, samples
+    scored = True  # whether the workload gives an accuracy (the same on every rank: one workload)
 
     def forward(images):
         with torch.autocast(backend.device_type, dtype=backend.autocast_dtype,
@@ -89,7 +91,10 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
             seen += len(targets)
             losses, correct = workload.per_sample(forward(images), targets)
             sums[0] += losses[keep].sum().double()
-            sums[1] += correct[keep].sum().double()
+            if correct is None:
+                scored = False
+            else:
+                sums[1] += correct[keep].sum().double()
             sums[2] += keep.sum()
     reshard = getattr(model, "reshard", None)
     if callable(reshard):  # FSDP2 leaves the root's parameters unsharded after a forward with no backward
@@ -103,4 +108,4 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
     model.train(was_training)
     loss, correct, samples = sums.tolist()
     return {"eval_samples": int(samples), "eval_loss": loss / samples if samples else None,
-            "eval_accuracy": correct / samples if samples else None, "eval_seconds": seconds}
+            "eval_accuracy": correct / samples if samples and scored else None, "eval_seconds": seconds}

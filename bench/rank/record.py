@@ -7,9 +7,9 @@ import hashlib
 
 import torch
 
-from bench.core import results, stats, traces
+from bench.core import mfu, results, stats, traces
 from bench.core.config import RunConfig
-from bench.rank import energy, flops
+from bench.rank import energy
 
 
 def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps: int) -> dict:
@@ -101,9 +101,9 @@ def energy_fields(per_rank: list[dict], times: list[float], samples_per_window: 
 def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:
     per_sample = cfg.flops_per_sample
     device = memory[0]["device_name"] if memory else None
-    peak, source = flops.peak_tflops(device, cfg.precision, cfg.peak_tflops)
+    peak, source = mfu.peak_tflops(device, cfg.precision, cfg.peak_tflops)
     return {"flops_per_sample": per_sample, "peak_tflops_per_device": peak, "peak_tflops_source": source,
-            "mfu": flops.mfu(per_sample, throughput, peak, cfg.world_size)}
+            "mfu": mfu.mfu(per_sample, throughput, peak, cfg.world_size)}
 
 
 def state_fields(per_rank: list[dict], memory: list[dict]) -> list[dict] | None:

@@ -57,7 +57,7 @@ def hardware_table(ok: list[dict], unit: str) -> list[str]:
              rate(r.get("achieved_tflops_per_device")), fmt(r.get("mfu_pct"), "%"),
              fmt(r.get("joules_per_image"), "J", 3), fmt(r.get("mean_watts"), "W", 0)] for r in ok]
     return ["**5. Hardware efficiency** (training FLOPs per sample, an image or a sequence, from torch.utils.flop_counter; MFU against the "
-            "device's dense peak at the run's precision, bench/rank/flops.py; energy from NVML's counter around each "
+            "device's dense peak at the run's precision, bench/core/mfu.py; energy from NVML's counter around each "
             "window, all GPUs of the run)", "",
             md_table(["backend", unit, "precision", "FLOPs / sample", "achieved per device", "MFU", "energy / sample",
                       "power (all GPUs)"], rows, {1, 3, 4, 5, 6, 7}), ""]

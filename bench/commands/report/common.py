@@ -13,16 +13,16 @@ from bench.core.text import md_table  # noqa: F401 (the report's table helper, s
 
 GiB = 2 ** 30
 BASELINE = "single"
-BASELINE_MATCH = ("model", "image_size", "seq_len", "optimizer", "precision", "batch_per_device", "data", "loader", "decode", "device_type",
+# the same workload (bench/core/workloads.py FIELDS), precision, batch, data and hardware
+BASELINE_MATCH = (*workloads.FIELDS, "precision", "batch_per_device", "data", "loader", "decode", "device_type",
                   "hardware")
 OWN_MATCH = BASELINE_MATCH + ("backend", "options")
 KNOB = "cudnn_benchmark"  # matched when the baseline has it, else the default (on)
 SECTION = ("device_type", "hardware")
-WORKLOAD = ("model", "image_size", "seq_len", "optimizer", "batch_per_device", "data")
+WORKLOAD = workloads.TABLE_FIELDS
 ORDER = ("single", "dp", "ddp", "ddp_spawn", "ddp_amp_syncbn", "horovod")  # table order; others follow
 STAR = "★"
-CSV_FIRST = ["device_type", "hardware", "model", "image_size", "seq_len", "optimizer", "batch_per_device", "data", "precision", "backend",
-             "options", "world_size"]
+CSV_FIRST = ["device_type", "hardware", *workloads.TABLE_FIELDS, "precision", "backend", "options", "world_size"]
 WITHIN_RUN = "within-run only"
 CPU_CAVEAT = ("**CPU figures.** These numbers come from CPU worker processes over gloo on this host; "
               "they say nothing about GPU scaling.")

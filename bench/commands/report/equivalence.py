@@ -2,9 +2,9 @@
 (``RESULTS/verify/summary-*.json``), and the distributed evaluation of runs made with ``bench run --eval``."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from bench.commands.report import common
 from bench.commands.report.common import fmt, md_table
 from bench.core import workloads
 
@@ -17,18 +17,8 @@ EXPLAIN = ("Each backend trained {steps} steps of {model} at {image_size} px, ba
 
 
 def latest_summary(src: Path, warn) -> dict | None:
-    files = sorted((src / "verify").glob("summary-*.json"))
-    for f in reversed(files):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable verify summary ({type(e).__name__}: {e})")
-            continue
-        if isinstance(doc, dict) and doc.get("kind") == "verify" and doc.get("schema") == 1:
-            doc["_path"] = str(f)
-            return doc
-        warn(f"skipping {f}: not a schema-1 verify summary")
-    return None
+    """The newest readable ``bench verify`` summary in ``src/verify/``."""
+    return common.latest_summary(src, "verify", "verify", warn)
 
 
 def section(src: Path, warn) -> list[str]:
@@ -58,7 +48,8 @@ def eval_table(ok: list[dict], label) -> list[str]:
         for rec in (x for x in r["_recs"] if x["status"] == "ok" and x.get("eval_samples")):
             rows.append([label(r), r["world_size"], rec["run_id"], rec["eval_samples"],
                          None if rec["eval_loss"] is None else f"{rec['eval_loss']:.4f}",
-                         None if rec["eval_accuracy"] is None else f"{100 * rec['eval_accuracy']:.2f} %",
+                         "none: scored by its own loss" if rec["eval_accuracy"] is None
+                         else f"{100 * rec['eval_accuracy']:.2f} %",
                          fmt(rec.get("eval_throughput"), f"{workloads.sample_unit(rec)}/s")])
     if not rows:
         return []

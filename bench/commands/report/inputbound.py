@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 
 from bench.commands.report.common import fmt, label, md_table
+from bench.core import workloads
 
 THRESHOLD_PCT = 20.0  # data wait at or above this share of the window time: the run is input bound
-SAME = ("backend", "world_size", "model", "image_size", "precision", "batch_per_device", "device_type", "hardware",
-        "options", "cudnn_benchmark", "nnodes")
+SAME = ("backend", "world_size", *workloads.FIELDS, "precision", "batch_per_device", "device_type", "hardware", "options",
+        "cudnn_benchmark", "nnodes")
 
 
 def wait_pct(recs: list[dict]) -> float | None:
@@ -109,6 +110,12 @@ def settings_section(real: list[dict]) -> list[str]:
     return ["## Input pipeline settings", "", md_table(["backend", "devices", "loader", "settings"], table, {1}), ""]
 
 
+def same(row: dict) -> tuple:
+    """The configuration a real-data row is matched on with its synthetic twin (sizes as ints: a table mixing
+    workloads holds NaN where one has none)."""
+    return tuple(workloads.size(row, k) if k in ("image_size", "seq_len") else row[k] for k in SAME)
+
+
 def section(src: Path, rows: list[dict], warn) -> list[str]:
     real = [r for r in rows if r["runs_ok"] and r["data"] not in (None, "synthetic")]
     return bound_section(src, rows, real, warn) + memory_section(real) + settings_section(real)
@@ -118,11 +125,11 @@ def bound_section(src: Path, rows: list[dict], real: list[dict], warn) -> list[s
     bound = [(r, p) for r in real for p in [wait_pct(r["_recs"])] if p is not None and p >= THRESHOLD_PCT]
     if not bound:
         return []
-    synth = {tuple(r[k] for k in SAME): r for r in rows if r["runs_ok"] and r["data"] == "synthetic"}
+    synth = {same(r): r for r in rows if r["runs_ok"] and r["data"] == "synthetic"}
     recs = loader_records(src, warn)
     table, verdicts = [], []
     for r, pct in bound:
-        syn = synth.get(tuple(r[k] for k in SAME))
+        syn = synth.get(same(r))
         ceil = ceilings(recs, r)
         own = ceil.get((r["loader"], r["decode"]))
         table.append([label(r), r["world_size"], f"{r['model']} {r['image_size']}px b{r['batch_per_device']}",

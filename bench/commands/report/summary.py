@@ -106,7 +106,7 @@ def hardware_fields(ok: list[dict], throughput, world_size) -> dict:
     import numpy as np
 
     from bench.core import stats
-    from bench.rank import flops
+    from bench.core import mfu
 
     co = stats.summarise_runs([stats.window_throughputs(r["compute_only_window_seconds"],
                                                         r["global_batch"] * r["steps_per_window"])
@@ -120,7 +120,7 @@ def hardware_fields(ok: list[dict], throughput, world_size) -> dict:
     return {"compute_only_img_s": co["median"], "compute_only_keeps": "; ".join(sorted(keeps)) or None,
             "compute_only_reason": "; ".join(sorted(why)) or None, "flops_per_sample": per_sample,
             "achieved_tflops_per_device": per_sample * throughput / world_size / 1e12 if per_sample and throughput
-            else None, "mfu_pct": 100 * flops.mfu(per_sample, throughput, peak, world_size) if peak and per_sample
+            else None, "mfu_pct": 100 * mfu.mfu(per_sample, throughput, peak, world_size) if peak and per_sample
             and throughput else None, "peak_tflops_per_device": peak, "joules_per_image": med("joules_per_image"),
             "mean_watts": med("mean_watts")}
 
