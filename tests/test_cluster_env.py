@@ -1,4 +1,4 @@
-"""Cluster-facing settings (issue 24): --external's local rank from the engine's own variables, the per-run
+"""Cluster-facing settings: --external's local rank from the engine's own variables, the per-run
 timeout's growth with --compile and world size, and baseline names keyed on GPU model and count."""
 from __future__ import annotations
 

@@ -181,7 +181,7 @@ def test_collectives_bad_input(tmp_path, args, message, capsys):
 
 
 def test_the_communication_sections_use_the_size_each_run_had(tmp_path, capsys):
-    """Issue 35, item 7: a user's model (``pkg.mod:factory``) crashed the report's communication sections (its size
+    """A user's model (``pkg.mod:factory``) crashed the report's communication sections (its size
     was counted by name), and a GPT's gradient was counted at sequence length 64 whatever the run used. The size is
     the run's own now: a one-process run's state_bytes, else counted at the record's seq_len; a model whose size no
     record gives is named, with the reason, instead of a crash."""

@@ -1,8 +1,9 @@
 """The regression gate (``bench compare``) and baselines (``bench baseline save``).
 
 Synthetic records with known window distributions (seeded numpy) exercise every verdict and exit code in
-process, in well under a second each. One end-to-end test compares two real CPU runs of the same
-configuration through the real CLI.
+process, in well under a second each, through the command line and through the verdict function itself
+(``compare.compare``). One end-to-end test compares two real CPU runs of the same configuration through the real CLI.
+The statistics the gate stands on are in tests/test_stats.py.
 """
 import json
 import os
@@ -11,15 +12,18 @@ import sys
 
 import numpy as np
 import pytest
+import scipy.stats  # noqa: F401 - imported at collection on purpose: see tests/README.md (Mutation testing)
 
 from bench import cli
-from bench.commands import baseline
+from bench.commands import baseline, compare
 from bench.core import results
 from tests.conftest import REPO, bench
 
 A100, H100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
 GiB = 2 ** 30
 BASE_SECONDS = 0.5  # per window: 64 x 2 ranks x 10 steps / 0.5 s = 2560 img/s
+
+pytestmark = pytest.mark.mutation
 
 
 def windows(seed, n=5, scale=1.0, sigma=0.005):
@@ -484,26 +488,255 @@ def test_two_real_cpu_sides_of_one_config_pass_the_gate(tmp_path, capsys):
     assert here.stdout == capsys.readouterr().out and here.stdout.startswith("CPU-")
 
 
-def test_within_run_interval_is_scipy_s_percentile_bootstrap_to_the_bit_and_ranks_need_no_scipy():
-    """median_ci95 resamples and interpolates as scipy.stats.bootstrap(method="percentile") does, without importing
-    scipy (2 s of CPU in every rank that imports bench.core.stats)."""
-    from scipy import stats as sp
+# ---------------------------------------------------------------------------------------------------
+# The verdict function, in process: compare.compare on records whose run medians are exact (1280 images a window:
+# 0.5 s is 2560 img/s)
 
-    from bench.core.stats import N_RESAMPLES, _quantile_linear, median_ci95
+def gate_records(thr, k=3, **over):
+    windows = over.pop("window_seconds", [1280 / thr] * 3)
+    return [record(windows, **over) for _ in range(k)]
 
-    rng = np.random.default_rng(3)
-    samples = [[10.0, 12.0], [5.0, 5.0, 6.0], list(np.round(rng.lognormal(0, 0.3, 7) * 100, 1))]
-    samples += [list(rng.lognormal(0, 0.3, n) * 100) for n in (3, 5, 10, 31)]
-    for x in samples:
-        ref = sp.bootstrap((np.asarray(x),), np.median, confidence_level=0.95, n_resamples=N_RESAMPLES,
-                           method="percentile", random_state=np.random.default_rng(0)).confidence_interval
-        assert median_ci95(x) == (float(np.median(x)), [float(ref.low), float(ref.high)]), x
-    alpha = (1 - 0.95) / 2  # the interpolation alone, on values that are all distinct
-    for n in (N_RESAMPLES, 7, 2):
-        values = np.sort(rng.normal(size=n))
-        for p in (alpha, 1 - alpha, 0.5):
-            assert _quantile_linear(values, p) == float(sp.quantile(values, p, method="linear")), (n, p)
-    assert median_ci95([7.0]) == (7.0, [7.0, 7.0]) and median_ci95([3.0, 3.0]) == (3.0, [3.0, 3.0])
-    probe = subprocess.run([sys.executable, "-c", "import sys, bench.core.stats; print('scipy' in sys.modules)"],
-                           cwd=REPO, capture_output=True, text=True)
-    assert probe.stdout.strip() == "False", probe.stderr
+
+def side(ok, other=()):
+    return {"path": "x", "ok": list(ok), "other": list(other)}
+
+
+def judge(base, cur, threshold=0.05, alpha=0.01, **kw):
+    warned = []
+    result = compare.compare(side(*base) if isinstance(base, tuple) else side(base),
+                             side(*cur) if isinstance(cur, tuple) else side(cur), threshold, alpha,
+                             warn=warned.append, **kw)
+    return result, warned
+
+
+@pytest.mark.parametrize("cur,threshold,verdict,note", [
+    (2048.0, 0.2, "no significant change", "-20.0% is significant (p=0) but within the 20% threshold"),
+    (1920.0, 0.2, "slower", "-25.0% throughput, beyond the 20% threshold"),
+    (3200.0, 0.25, "no significant change", "+25.0% is significant (p=0) but within the 25% threshold"),
+    (3328.0, 0.25, "faster", "+30.0% throughput, beyond the 25% threshold"),
+])
+def test_a_change_counts_only_beyond_the_threshold(cur, threshold, verdict, note):
+    result, warned = judge(gate_records(2560.0), gate_records(cur), threshold=threshold)
+    [row] = result["rows"]
+    assert (row["verdict"], row["throughput_verdict"], row["notes"]) == (verdict, verdict, [note])
+    assert row["ratio"] == cur / 2560.0 and (row["p_value"], row["min_p_value"]) == (0.0, 0.0)
+    assert row["regression"] is (verdict == "slower") and result["regressed"] is (verdict == "slower")
+    assert row["underpowered"] is False and warned == []
+    assert result["schema"] == 1 and result["test"] == "welch" and result["allow_different_hardware"] is False
+    assert result["threshold"] == threshold and result["alpha"] == 0.01 and result["compared"] == 1
+
+
+def test_p_equal_to_alpha_is_not_significant_and_a_floor_equal_to_alpha_is_not_underpowered():
+    base = [r for t in (2560.0, 2561.0, 2562.0) for r in gate_records(t, k=1)]
+    cur = [r for t in (2000.0, 2001.0, 2002.0) for r in gate_records(t, k=1)]
+    result, warned = judge(base, cur, alpha=0.1, test="mwu")  # 3 against 3, fully apart: p = 0.1 exactly
+    [row] = result["rows"]
+    assert (row["p_value"], row["min_p_value"], row["underpowered"]) == (0.1, 0.1, False)
+    assert row["verdict"] == "no significant change" and row["notes"] == ["-21.9%, not significant (p=0.1 >= alpha 0.1)"]
+    assert warned == []
+
+
+def test_no_valid_windows_on_one_side_compares_memory_only():
+    result, _ = judge(gate_records(2560.0), gate_records(2560.0, window_seconds=[], mem_gib=20.0))
+    [row] = result["rows"]
+    assert row["ratio"] is None and row["current"]["windows"] == 0 and row["baseline"]["windows"] == 9
+    assert row["throughput_verdict"] == "no significant change" and row["verdict"] == "more memory"
+    assert row["notes"] == ["no valid window times on one side: throughput not compared",
+                            "peak device memory +100.0%, beyond the 5% threshold"]
+
+
+@pytest.mark.parametrize("mem,verdict,memory_verdict,note", [
+    (12.5, "no significant change", None, None),  # exactly +25%: not beyond
+    (15.0, "more memory", "more memory", "peak device memory +50.0%, beyond the 25% threshold"),
+    (7.5, "no significant change", None, None),  # exactly -25%
+    (5.0, "less memory", "less memory", None),
+])
+def test_device_memory_verdicts_beyond_the_threshold_only(mem, verdict, memory_verdict, note):
+    result, _ = judge(gate_records(2560.0), gate_records(2560.0, mem_gib=mem), threshold=0.25)
+    [row] = result["rows"]
+    assert (row["memory_kind"], row["memory_ratio"]) == ("device", mem / 10.0)
+    assert (row["verdict"], row["memory_verdict"]) == (verdict, memory_verdict)
+    assert row["notes"][1:] == ([note] if note else []) and row["regression"] is (verdict == "more memory")
+
+
+def test_host_memory_is_reported_or_gated_and_missing_memory_is_not_compared():
+    cpu = dict(device_type="cpu")
+    result, _ = judge(gate_records(2560.0, **cpu), gate_records(2560.0, host_rss_gib=3.0, **cpu), threshold=0.25)
+    [row] = result["rows"]
+    assert (row["memory_kind"], row["memory_ratio"], row["memory_verdict"]) == ("host RSS", 1.5, None)
+    assert row["notes"][1:] == ["host RSS +50.0% (not gated; --gate-host-memory gates it)"]
+    assert row["verdict"] == "no significant change" and result["gate_host_memory"] is False
+    result, _ = judge(gate_records(2560.0, **cpu), gate_records(2560.0, host_rss_gib=2.5, **cpu), threshold=0.25)
+    assert result["rows"][0]["notes"][1:] == []  # exactly +25%: nothing to say
+    result, _ = judge(gate_records(2560.0, **cpu), gate_records(2560.0, host_rss_gib=3.0, **cpu), threshold=0.25,
+                      gate_host_memory=True)
+    [row] = result["rows"]
+    assert row["verdict"] == "more memory" and row["notes"][1:] == ["peak host RSS +50.0%, beyond the 25% threshold"]
+    # device memory on one side only (a record without its memory): the host RSS is what both sides have
+    result, _ = judge(gate_records(2560.0, memory=[]), gate_records(2560.0, host_rss_gib=3.0), threshold=0.25)
+    assert (result["rows"][0]["memory_kind"], result["rows"][0]["memory_ratio"]) == ("host RSS", 1.5)
+    result, _ = judge(gate_records(2560.0, host_peak_rss_bytes=[], **cpu),
+                      gate_records(2560.0, host_peak_rss_bytes=[None], **cpu))
+    assert (result["rows"][0]["memory_kind"], result["rows"][0]["memory_ratio"]) == (None, None)
+
+
+def test_one_sided_rows_say_why_and_keep_every_field():
+    ok = gate_records(2560.0)
+    new = gate_records(2560.0, world_size=4)
+    missing = gate_records(2560.0, world_size=8)
+    crashed = gate_records(2560.0, world_size=16)
+    gone = [record([], world_size=4, status="failed", reason="first"),
+            record([], world_size=4, status="skipped", reason="second")]
+    result, _ = judge((ok + missing + crashed, gone[:1]),
+                      (ok + new, [record([], world_size=8, status="skipped"),
+                                  record([], world_size=16, status="failed")]))
+    rows = {r["key"]["world_size"]: r for r in result["rows"]}
+    assert [r["key"]["world_size"] for r in result["rows"]] == [2, 4, 8, 16]
+    assert rows[4]["status"] == "new" and rows[4]["notes"] == ["baseline run failed: first"]
+    assert rows[4]["current"]["runs"] == 3 and rows[4]["baseline"] is None
+    assert rows[8]["status"] == "missing" and rows[8]["notes"] == ["current run skipped: no reason recorded"]
+    assert rows[8]["baseline"]["runs"] == 3 and rows[8]["current"] is None
+    assert rows[16]["status"] == "failed" and rows[16]["notes"] == ["current run failed: no reason recorded"]
+    assert rows[16]["baseline"]["runs"] == 3 and rows[16]["regression"] is True
+    assert set(rows[4]) == set(rows[8]) == set(rows[16]) == set(rows[2])  # every row has every field, as JSON
+    assert rows[4]["min_p_value"] is None and rows[8]["throughput_verdict"] is None and rows[16]["memory_kind"] is None
+    assert rows[4]["memory_ratio"] is None and rows[8]["memory_verdict"] is None
+    assert rows[2]["key"]["hardware"] and rows[2]["key"]["device_type"] == "cuda"
+    assert rows[2]["current"]["run_ids"] == [r["run_id"] for r in ok]
+    assert result["new"] == [rows[4]["config"]] and result["missing"] == [rows[8]["config"]]
+    assert result["regressions"] == [rows[16]["config"]] and result["regressed"] is True
+    result, _ = judge((ok, [record([], world_size=4, status="failed", reason="first"),
+                            record([], world_size=4, status="failed", reason="last")]), new)
+    assert [r["notes"] for r in result["rows"] if r["status"] == "new"] == [["baseline run failed: last"]]
+    result, _ = judge((ok, [record([], world_size=4, status="failed")]), ok + new)
+    assert [r["notes"] for r in result["rows"] if r["status"] == "new"] == [["baseline run failed: no reason recorded"]]
+    result, _ = judge(ok + missing, ok)
+    assert [r["notes"] for r in result["rows"] if r["status"] == "missing"] == [["no ok run in current"]]
+    result, _ = judge(ok, ok + new)
+    assert [r["notes"] for r in result["rows"] if r["status"] == "new"] == [["not in the baseline"]]
+
+
+def test_one_window_is_a_valid_side_and_zero_device_memory_is_not_compared():
+    result, _ = judge(gate_records(2560.0, k=1, window_seconds=[0.5], mem_gib=0.0), gate_records(2560.0))
+    [row] = result["rows"]
+    assert row["ratio"] == 1.0 and row["baseline"]["windows"] == 1 and row["underpowered"] is True
+    assert (row["memory_ratio"], row["memory_kind"]) == (None, None)
+
+
+def test_diverged_replicas_say_so():
+    result, _ = judge(gate_records(2560.0), gate_records(2560.0, replicas_consistent=False))
+    [row] = result["rows"]
+    assert row["verdict"] == "replicas differ" and row["regression"] is True
+    assert row["notes"][-1] == "ranks ended with different parameters (replicas_consistent: false)"
+
+
+def test_disturbed_runs_make_the_speed_verdict_inconclusive_and_say_where_to_rerun():
+    def disturbed(reasons, **over):
+        recs = gate_records(2560.0, **over)
+        recs[0].update(disturbed=True, disturbed_reasons=reasons)
+        return recs
+
+    result, warned = judge(gate_records(2560.0), disturbed(["cpu", "gpu", "clocks"]))
+    [row] = result["rows"]
+    assert row["inconclusive"] is True and row["verdict"] == "inconclusive" and row["regression"] is False
+    assert row["notes"][-1] == ("inconclusive: 1 current run(s) disturbed (cpu; gpu); on these runs the verdict would "
+                                "be 'no significant change'; run the gate again on a quiet machine")
+    assert [w.split(":")[0] for w in row["warnings"]] == ["⚠ current ddp x2 fp32"]
+    assert result["inconclusive"] == [row["config"]] and result["warnings"] == row["warnings"]
+    assert warned == ["1 configuration(s) compared on disturbed runs: their throughput was NOT judged "
+                      "(inconclusive); run the gate again on a quiet machine"]
+    result, _ = judge(disturbed([]), disturbed(["cpu"]) + disturbed(["gpu"]))
+    [row] = result["rows"]
+    assert row["notes"][-1] == ("inconclusive: 1 baseline, 2 current run(s) disturbed (cpu; gpu); on these runs the "
+                                "verdict would be 'no significant change'; re-record the baseline on a quiet machine")
+    assert [w.split(":")[0] for w in row["warnings"]] == ["⚠ baseline ddp x2 fp32", "⚠ current ddp x2 fp32"]
+    result, _ = judge(disturbed([]), gate_records(2560.0))
+    assert "disturbed (no reason recorded);" in result["rows"][0]["notes"][-1]
+
+
+def test_a_failed_repeat_beside_a_slower_verdict_keeps_both():
+    result, _ = judge(gate_records(2560.0), (gate_records(1280.0), [record([], status="failed")]))
+    [row] = result["rows"]
+    assert row["verdict"] == "slower, failed" and row["notes"][-1] == "1 of 4 current runs failed: no reason recorded"
+
+
+def test_rows_sort_numbers_as_numbers_and_none_as_text():
+    result, _ = judge(gate_records(2560.0, cudnn_benchmark=None) + gate_records(2560.0),
+                      gate_records(2560.0) + gate_records(2560.0, cudnn_benchmark=None))
+    assert [r["key"]["cudnn_benchmark"] for r in result["rows"]] == [True, None]  # None is not compared with True
+    result, _ = judge(gate_records(2560.0, world_size=16) + gate_records(2560.0),
+                      gate_records(2560.0) + gate_records(2560.0, world_size=16))
+    assert [r["key"]["world_size"] for r in result["rows"]] == [2, 16]
+
+
+def test_different_hardware_is_refused_by_default_and_matched_without_it_when_allowed():
+    from bench.core.errors import UsageError
+
+    cpu, gpu = gate_records(2560.0, device_type="cpu", cudnn_benchmark=True), gate_records(2560.0)
+    with pytest.raises(UsageError, match="refusing to compare across hardware"):
+        compare.compare(side(gpu), side(cpu), 0.05, 0.01)
+    result, warned = judge(gpu, cpu, allow_different_hardware=True)
+    [row] = result["rows"]
+    assert row["status"] == "compared" and result["allow_different_hardware"] is True
+    assert row["key"]["device_type"] == "cpu" and "hardware" in row["key"]  # the row still names its hardware
+    assert warned and warned[0].startswith("comparing different hardware")
+
+
+def test_peak_memory_of_a_record():
+    """The largest over the run's devices (ranks for host RSS), skipping what was not measured."""
+    mem = [{"peak_reserved_bytes": 5}, {"peak_reserved_bytes": None}, {"peak_reserved_bytes": 7}, {}]
+    assert compare.peak_device_memory({"memory": mem}) == 7.0 and type(compare.peak_device_memory({"memory": mem})) is float
+    for rec in ({"memory": []}, {"memory": None}, {}, {"memory": [{"peak_reserved_bytes": None}]}):
+        assert compare.peak_device_memory(rec) is None, rec
+    assert compare.peak_host_rss({"host_peak_rss_bytes": [3, None, 9]}) == 9.0
+    for rec in ({"host_peak_rss_bytes": []}, {"host_peak_rss_bytes": None}, {}, {"host_peak_rss_bytes": [None]}):
+        assert compare.peak_host_rss(rec) is None, rec
+    assert compare._median([3.0, None, 1.0, 2.0]) == 2.0 and compare._median([None]) is None
+
+
+def test_threshold_and_alpha_ranges():
+    from bench.core.errors import UsageError
+
+    assert compare._fraction("0", "threshold", low_inclusive=True) == 0.0
+    assert compare._fraction("0.5", "alpha", low_inclusive=False) == 0.5
+    for text, name, low, message in [
+            ("1", "threshold", True, "--threshold '1': expected a number with 0 <= threshold < 1 (0.05 = 5%)"),
+            ("x", "threshold", True, "--threshold 'x': expected a number with 0 <= threshold < 1 (0.05 = 5%)"),
+            ("0", "alpha", False, "--alpha '0': expected a number with 0 < alpha < 1 (e.g. 0.01)"),
+            ("1", "alpha", False, "--alpha '1': expected a number with 0 < alpha < 1 (e.g. 0.01)")]:
+        with pytest.raises(UsageError) as e:
+            compare._fraction(text, name, low_inclusive=low)
+        assert str(e.value) == message
+
+
+def test_cmd_compare_exit_codes_paths_and_the_out_file(tmp_path, capsys):
+    import argparse
+
+    from bench.core import results
+    from bench.core.errors import UsageError
+
+    def write(directory, recs):
+        for r in recs:
+            results.save(r, directory)
+        return str(directory)
+
+    base = write(tmp_path / "base", gate_records(2560.0))
+    slower = write(tmp_path / "slow", gate_records(1280.0))
+
+    def cmd(cur, out=None, threshold="0", fmt="json"):
+        args = argparse.Namespace(baseline=base, current=cur, threshold=threshold, alpha="0.01", test="welch",
+                                  format=fmt, out=out, allow_different_hardware=False, gate_host_memory=False)
+        code = compare.cmd_compare(args)
+        return code, capsys.readouterr().out
+
+    code, out = cmd(base, out=str(tmp_path / "new" / "deeper" / "gate.json"))
+    data = json.loads(out)
+    assert code == 0 and (data["baseline_path"], data["current_path"]) == (base, base) and data["threshold"] == 0.0
+    assert (tmp_path / "new" / "deeper" / "gate.json").read_text() == out
+    code, out = cmd(slower, out=str(tmp_path / "new" / "gate.md"), fmt="md")  # into a folder that exists
+    assert code == 1 and (tmp_path / "new" / "gate.md").read_text() == out
+    assert f"## Regression gate: {slower} vs {base}" in out
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError) as e:
+        cmd(base, out=str(tmp_path / "file" / "gate.md"))
+    assert str(e.value) == f"cannot write --out {str(tmp_path / 'file' / 'gate.md')!r}: File exists"

@@ -1,4 +1,4 @@
-"""A dead peer under NCCL (issue 35, item 8). NCCL's watchdog, by default, takes a rank down with SIGABRT when a peer
+"""A dead peer under NCCL. NCCL's watchdog, by default, takes a rank down with SIGABRT when a peer
 dies: no Python exception, so no wait for the lifeline's verdict, and the record would name a rank killed by
 SIGABRT instead of the node that died. Ranks therefore run with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (the error
 reaches them as an exception), and a rank that is aborted anyway waits in its SIGABRT handler for the verdict.

@@ -9,8 +9,9 @@ import time
 import psutil
 import pytest
 
+from bench.commands._plan import parse_run, plan
+from tests.backends.test_contract import assert_ok_record
 from tests.conftest import REPO, TINY, bench_inproc, records
-from tests.test_harness import _assert_ok_record
 
 
 def _leftovers(results_dir):
@@ -141,8 +142,9 @@ def test_a_port_in_use_is_retried(results_dir):
     log = (results_dir / "logs" / f"{rec['run_id']}.log").read_text()
     assert f"port {port} was in use; retrying" in log
     # the retried run is a whole one: DDP under torch.multiprocessing.spawn, identical replicas, every field
-    _assert_ok_record(rec, "ddp_spawn", "spawn", 2)
-    assert rec["replicas_consistent"] is True and rec["threads_per_rank"] >= 1
+    [cfg], _ = plan(parse_run(["--backends", "ddp_spawn", "--gpus", "2", *TINY]))
+    assert_ok_record(rec, cfg)
+    assert rec["launcher"] == "spawn" and rec["replicas_consistent"] is True
 
 
 @pytest.mark.slow

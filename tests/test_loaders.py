@@ -12,6 +12,7 @@ from PIL import Image
 from bench.commands import report
 from bench.core import results
 from bench.rank import data, folders, loaders
+from bench.rank.loaders import tv
 from tests.conftest import bench_inproc, cli_error, records, skip_without
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
@@ -62,6 +63,7 @@ def tree(tmp_path_factory):
     return root
 
 
+@pytest.mark.mutation
 def test_scan_follows_symlinks_and_skips_empty_classes(tree):
     classes, samples, empty = folders.scan(tree / "train")
     assert classes == sorted(CLASSES + (EMPTY, LINKED)) and empty == [EMPTY]
@@ -90,6 +92,7 @@ def read_epoch(source, n):
     return got, batches
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("name", loaders.LOADERS)
 def test_each_rank_reads_a_disjoint_shard_and_the_shards_cover_the_set(tree, name):
     if name == "dali":
@@ -107,6 +110,7 @@ def test_each_rank_reads_a_disjoint_shard_and_the_shards_cover_the_set(tree, nam
     assert orders[0] != orders[1]  # reshuffled every epoch, the same way on every rank
 
 
+@pytest.mark.mutation
 def test_the_torchvision_source_pins_memory_for_a_gpu_and_passes_rank_and_seed_on(tree, monkeypatch):
     """Built, never iterated (no GPU needed): pinned host memory only for CPU decode into a GPU; ``--decode gpu`` reads
     bytes and lets the GPU decode, counting what nvJPEG refused with what the workers skipped."""
@@ -134,6 +138,7 @@ def test_the_torchvision_source_pins_memory_for_a_gpu_and_passes_rank_and_seed_o
     assert batch[2] == 2  # nothing skipped by the workers, 2 refused by the decoder
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("name,decode", [("torchvision", "cpu"), ("torchvision", "gpu"), ("dali", "cpu")])
 def test_every_loader_reads_odd_images_skips_corrupt_ones_and_keeps_batches_full(tree, name, decode, capfd):
     """torchvision's gpu path runs here with decode_jpeg on the CPU device: the same code the GPU runs."""
@@ -156,6 +161,7 @@ def test_every_loader_reads_odd_images_skips_corrupt_ones_and_keeps_batches_full
     assert "warning: skipping unreadable image" in err and "corrupt.JPEG" in err
 
 
+@pytest.mark.mutation
 def test_gray_cmyk_palette_tiny_and_large_images_come_out_rgb(tree):
     ds = data.SkippingImageFolder(tree / "train", load=loaders.tv.ReadForGpu())
     kinds = {os.path.basename(p): ds[i][0] for i, (p, _) in enumerate(ds.samples)
@@ -166,6 +172,7 @@ def test_gray_cmyk_palette_tiny_and_large_images_come_out_rgb(tree):
     assert images.shape == (5, 3, 32, 32) and refused == 0
 
 
+@pytest.mark.mutation
 def test_a_jpeg_the_gpu_decoder_refuses_is_replaced_within_its_batch_and_counted(tree, monkeypatch, capfd):
     import torchvision.io
 
@@ -186,6 +193,7 @@ def test_a_jpeg_the_gpu_decoder_refuses_is_replaced_within_its_batch_and_counted
     assert "warning: skipping image the GPU decoder refused: nvjpeg: bitstream error" in capfd.readouterr().err
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("labels", ["LOC_val_solution.csv", "val.txt"])
 def test_flat_val_with_a_labels_file(tree, tmp_path, labels):
     root = tree
@@ -261,6 +269,7 @@ def test_loader_ceiling_for_every_loader_and_the_input_bound_report(tree, tmp_pa
     assert "Files not read" not in md  # the loader record lives in RESULTS/loader/: no reader trips over it
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("args,message", [
     (["--data", "imagenet", "--decode", "gpu"], ("--decode gpu decodes on a CUDA device (nvJPEG); this run is on "
                                                  "cpu: use --decode cpu")),
@@ -275,11 +284,13 @@ def test_bad_loader_flags(tree, tmp_path, capsys, args, message):
     assert code == 2 and err.strip().splitlines() == [f"bench: error: {message}"], err
 
 
+@pytest.mark.mutation
 def test_bench_loader_bad_choice(tree, capsys):
     code, err = cli_error(capsys, "loader", "--data-dir", tree, "--loaders", "ffcv")
     assert code == 2 and err == "bench: error: unknown loader ffcv; choose from torchvision, dali or all\n"
 
 
+@pytest.mark.mutation
 def test_missing_dali_skips_the_run_with_the_fix(monkeypatch, tmp_path):
     import importlib.util
 
@@ -298,6 +309,63 @@ def test_missing_dali_skips_the_run_with_the_fix(monkeypatch, tmp_path):
     rec = launch.run_one(cfg, tmp_path, {}, backends.create("ddp"), unavailable=loader_unavailable(cfg))
     assert (rec["status"], rec["reason"]) == ("skipped", why) and not (tmp_path / "logs").exists()  # nothing launched
     assert loaders.unavailable("torchvision") is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# The torchvision loader's sampler and its replacement of unreadable images, in process
+
+@pytest.mark.mutation
+def test_the_torchvision_loader_shards_shuffles_by_seed_and_keeps_batches_full():
+    from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
+
+    ds = TensorDataset(torch.arange(11))
+    loader = tv.data_loader(ds, 3, 0, rank=1, world_size=2, distributed=True, pin_memory=False, seed=4)
+    s = loader.sampler
+    assert type(s) is DistributedSampler and (s.num_replicas, s.rank, s.shuffle, s.seed) == (2, 1, True, 4)
+    assert loader.batch_size == 3 and loader.drop_last is True and loader.num_workers == 0
+    assert loader.persistent_workers is False and loader.pin_memory is False
+    assert [len(b[0]) for b in loader] == [3, 3]  # 6 of the padded 12 go to rank 1: two full batches, none short
+    whole = tv.data_loader(ds, 4, 0, rank=0, world_size=1, distributed=False, pin_memory=False, seed=4,
+                           collate_fn=lambda items: [int(i[0]) for i in items])
+    assert type(whole.sampler) is RandomSampler
+    first = [x for batch in whole for x in batch]
+    assert len(first) == 8 and len(set(first)) == 8  # 11 // 4 full batches
+    again = tv.data_loader(ds, 4, 0, 0, 1, False, False, seed=4, collate_fn=lambda items: [int(i[0]) for i in items])
+    other = tv.data_loader(ds, 4, 0, 0, 1, False, False, seed=5, collate_fn=lambda items: [int(i[0]) for i in items])
+    assert [x for b in again for x in b] == first != [x for b in other for x in b]  # the seed decides the order
+    assert [x for b in whole for x in b] != first  # the next epoch draws another order
+    default = tv.data_loader(ds, 4, 0, 0, 1, False, False, collate_fn=lambda items: [int(i[0]) for i in items])
+    seeded = tv.data_loader(ds, 4, 0, 0, 1, False, False, seed=0, collate_fn=lambda items: [int(i[0]) for i in items])
+    assert [x for b in default for x in b] == [x for b in seeded for x in b]  # the default seed is 0
+    workers = tv.data_loader(ds, 4, 1, 0, 2, True, True)  # built, never iterated: no process starts
+    assert (workers.num_workers, workers.persistent_workers, workers.pin_memory) == (1, True, True)
+    assert workers.sampler.seed == 0
+
+
+@pytest.mark.mutation
+def test_skipping_image_folder_replaces_unreadable_images_and_counts_them(tmp_path):
+    from bench.core.errors import UsageError
+
+    (tmp_path / "n0").mkdir()
+    for i in range(4):
+        (tmp_path / "n0" / f"{i}.JPEG").write_bytes(b"")
+    tried = []
+
+    def load(path):
+        tried.append(path)
+        assert len(tried) <= 8, "kept trying past every sample"
+        if path.endswith(("0.JPEG", "1.JPEG")) or bad_everywhere:
+            raise OSError("unreadable")
+        return path
+
+    bad_everywhere = False
+    ds = tv.SkippingImageFolder(tmp_path, load=load)
+    assert ds[0] == (str(tmp_path / "n0" / "2.JPEG"), 0, 2)  # two unreadable ones skipped, counted
+    assert ds[3] == (str(tmp_path / "n0" / "3.JPEG"), 0, 0)
+    bad_everywhere, tried[:] = True, []
+    with pytest.raises(UsageError) as e:
+        ds[1]
+    assert str(e.value) == f"no readable image in {tmp_path}" and len(tried) == 4
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -333,8 +401,9 @@ def test_gpu_decode_run(tree, results_dir, loader):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Issue 24: DALI's shuffle and copy, DALI's build, bench loader's device, the GPU decoder, real-data memory
+# DALI's shuffle and copy, DALI's build, bench loader's device, the GPU decoder, real-data memory
 
+@pytest.mark.mutation
 def test_dali_reader_is_shuffled_from_the_first_batch_and_every_rank_sees_every_class(tree):
     skip_without("dali")
     from bench.rank.loaders import dali
@@ -355,6 +424,7 @@ def test_dali_reader_is_shuffled_from_the_first_batch_and_every_rank_sees_every_
                              "initial_fill": 1024, "decoder": "cpu", "copy_to_gpu": None}
 
 
+@pytest.mark.mutation
 def test_dali_decode_cpu_on_a_gpu_copies_to_the_rank_gpu_in_the_pipeline():
     from bench.rank.loaders import dali
 
@@ -368,6 +438,7 @@ class FakeDist:
         self.metadata = {"Name": name}
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("torch_cuda,installed,reason", [
     ("13.0", ["nvidia-dali-cuda130"], None),
     ("12.8", ["nvidia_dali_cuda120"], None),
@@ -388,6 +459,7 @@ def test_dali_build_must_match_torch_cuda(monkeypatch, torch_cuda, installed, re
     assert loaders.unavailable("dali") == reason
 
 
+@pytest.mark.mutation
 def test_missing_dali_names_the_build_for_torch_cuda(monkeypatch):
     import importlib.util
 
@@ -397,6 +469,7 @@ def test_missing_dali_names_the_build_for_torch_cuda(monkeypatch):
     assert loaders.unavailable("dali") == "NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)"
 
 
+@pytest.mark.mutation
 def test_bench_loader_rank_sets_its_gpu_before_building_the_loader(monkeypatch):
     from bench.rank import loader as ceiling
 
@@ -429,6 +502,7 @@ def test_bench_loader_rank_sets_its_gpu_before_building_the_loader(monkeypatch):
     assert calls[3][0] == "put" and calls[3][1][0] == 1 and isinstance(calls[3][1][1], dict)
 
 
+@pytest.mark.mutation
 def test_gpu_decode_path_raises_no_deprecation_warning(tree):
     import inspect
     import warnings

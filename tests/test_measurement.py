@@ -1,46 +1,22 @@
-"""Numbers that hold up: DataParallel's precision in replica threads, timed-window memory peaks, a warm-up
-that reaches steady state, GradScaler skips, runs as the statistical unit, matched precisions, per-device
-loader workers and reshuffled shards. Each test fails without the piece it names."""
-import threading
+"""Numbers that hold up: the timed loop (bench/rank/train.py: only the steps are timed, everything else is read
+outside the windows), timed-window memory peaks, GradScaler skips, runs as the statistical unit and matched
+precisions. Each test fails without the piece it names."""
+import types
 
 import pytest
 import torch
 
 from bench.commands import _plan as cli
 from bench.core.config import RunConfig
-from bench.rank import data
+from bench.rank import train
 from bench.rank.faults import BLOAT_BYTES
 from bench.rank.train import skips
 from tests.conftest import TINY, bench_inproc, records
+from tests.fakes import cfg_for
+
+pytestmark = pytest.mark.mutation
 
 MiB = 2 ** 20
-
-
-def _in_new_thread(fn):
-    """Call ``fn`` in a fresh thread, as torch.nn.parallel.parallel_apply calls each replica."""
-    out = {}
-    t = threading.Thread(target=lambda: out.update(value=fn()))
-    t.start()
-    t.join()
-    return out["value"]
-
-
-def test_dataparallel_replicas_run_the_recorded_dtype_in_their_own_threads():
-    import backends
-
-    cfg = RunConfig(backend="dp", launcher="inproc", world_size=1, device_type="cpu", model="resnet18",
-                    image_size=32, batch_size=2, warmup=2, steps=1, windows=1, precision="bf16").validate()
-    dp = backends.create("dp")
-    dp.setup(cfg)
-    x = torch.randn(2, 3, 32, 32)
-    # autocast state is per thread: a new thread starts without it, as parallel_apply's replica threads do
-    # (they re-enter autocast with no dtype, which on CUDA means fp16)
-    assert _in_new_thread(lambda: dp.module(x)).dtype == torch.float32
-    assert _in_new_thread(lambda: dp.model(x)).dtype == torch.bfloat16
-    assert dp.describe()["autocast_dtype"] == "bfloat16"
-    # the optimizer steps the very parameters the wrapper calls, and the checksum reads the bare model
-    assert {id(p) for g in dp.optimizer.param_groups for p in g["params"]} == {id(p) for p in dp.model.parameters()}
-    assert not any(n.startswith("module.") for n, _ in dp.module.named_parameters())
 
 
 @pytest.mark.slow
@@ -103,36 +79,100 @@ def test_plan_matches_precisions_and_adds_the_dataparallel_cudnn_variant(monkeyp
     assert sweep == [("single", 1, "fp32", None), ("ddp", 2, "fp32", None), ("fsdp2", 2, "fp32", None)]
 
 
-def test_workers_are_per_device_for_every_backend(monkeypatch):
-    monkeypatch.setattr(data, "usable_cpus", lambda: 16)  # the cores this job may use
-    cfg = RunConfig(backend="dp", launcher="inproc", world_size=4, device_type="cuda", model="resnet18",
-                    image_size=32, batch_size=2, warmup=2, steps=1, windows=1, workers=3)
-    assert data.loader_workers(cfg, feeds_devices=4) == 12  # dp's one process feeds 4 GPUs
-    assert data.loader_workers(cfg, feeds_devices=1) == 3  # one DDP rank feeds its own GPU
-    cfg.workers = 5
-    assert data.loader_workers(cfg, feeds_devices=4) == 16  # capped by the cores
-    assert data.default_workers(4) == 3  # 16 cores / 4 devices, one core left for each training process
+# ---------------------------------------------------------------------------------------------------
+# The timed loop (bench/rank/train.py), in process: a fake clock, backend and energy meter
+
+class Clock:
+    """time.perf_counter for bench.rank.train: moves only when the fakes below say so (binary fractions: exact)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def time(self):
+        return 1.7e9 + self.now
 
 
-def test_timed_batches_reshuffle_every_epoch_on_disjoint_shards():
-    """The suite's own epoch loop calls set_epoch: without it, epoch 2 repeats epoch 1's order."""
-    from torch.utils.data import DataLoader, DistributedSampler
+def test_windows_time_only_the_steps_and_read_everything_else_outside(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(train, "time", clock)
+    calls = []
 
-    class Indexed(torch.utils.data.Dataset):
-        def __len__(self):
-            return 16
+    class Backend:
+        def __init__(self):
+            self.scale, self.window, self.batches = 2.0 ** 16, 0, types.SimpleNamespace(wait_seconds=0.0)
 
-        def __getitem__(self, i):
-            return torch.zeros(1), i, 0  # (image, target = the index, skipped)
+        def barrier(self):
+            calls.append("barrier")
+            clock.now += 64.0  # outside the timed region, like everything but the steps
 
-    def epochs(rank):
-        loader = DataLoader(Indexed(), batch_size=4, drop_last=True,
-                            sampler=DistributedSampler(Indexed(), num_replicas=2, rank=rank, shuffle=True, seed=0))
-        batches = data.TimedBatches(loader, torch.device("cpu"))
-        seen = [next(batches)[1].tolist() for _ in range(4)]  # 2 batches per epoch per rank
-        return sum(seen[:2], []), sum(seen[2:], [])
+        def loss_scale(self):
+            clock.now += 128.0
+            return self.scale
 
-    (a1, a2), (b1, b2) = epochs(0), epochs(1)
-    assert a1 != a2 and b1 != b2  # reshuffled
-    assert set(a1).isdisjoint(b1) and set(a2).isdisjoint(b2)  # disjoint shards in every epoch
-    assert set(a1) | set(b1) == set(range(16)) == set(a2) | set(b2)
+        def skipped_steps(self):
+            return None
+
+        def train(self, steps):
+            calls.append(("train", steps))
+            clock.now += 1.0 * steps
+            if self.batches is not None:  # real data: time waited for input, inside the steps
+                self.batches.wait_seconds += 0.125 * steps
+            self.scale /= 2 ** self.window  # window i skips i steps (GradScaler halves the scale on each)
+            self.window += 1
+            meter.joules += 10.0 * steps
+
+    class Meter:
+        joules = 0.0
+
+        def read(self):
+            clock.now += 8.0
+            return [self.joules, 2 * self.joules]  # two GPUs
+
+    def sync():
+        calls.append("sync")
+        clock.now += 0.25
+
+    meter = Meter()
+    phases = []
+    monkeypatch.setattr(train.lifeline, "set_phase", phases.append)
+    cfg = types.SimpleNamespace(windows=3, steps=2)
+    out = train.windows(Backend(), cfg, sync, meter, waited=True)
+    assert phases == ["window 1 of 3", "window 2 of 3", "window 3 of 3"]  # where a lost node was, for the others
+    assert out["wall_span"] == [1.7e9 + 200.25, 1.7e9 + 200.25 + out["energy_span"][1]]
+    assert calls == ["barrier", "sync", ("train", 2), "sync"] * 3
+    assert out["seconds"] == [2.25, 2.25, 2.25]  # the steps and the synchronize after them, nothing else
+    assert out["data_wait"] == [0.25, 0.25, 0.25] and out["skipped"] == [0, 1, 2]
+    assert out["energy"] == [60.0, 60.0, 60.0]  # 20 J on one GPU and 40 J on the other, each window
+    # first read of window 1 to the last read of window 3: (2.25 + 128 + 8) + 2 x (64 + 0.25 + 128 + 8 + 2.25 + 128 + 8)
+    assert out["energy_span"] == (180.0, 138.25 + 2 * 338.5)
+    b = Backend()
+    b.batches = None  # synthetic data: nothing to wait for, and nothing read
+    assert train.windows(b, types.SimpleNamespace(windows=2, steps=1), sync, meter, waited=False)["data_wait"] == [
+        0.0, 0.0]
+    train.windows(b, types.SimpleNamespace(windows=1, steps=1), sync, meter, waited=False, phase="compute-only window")
+    assert phases[-1] == "compute-only window 1 of 1"
+    # whether a profiler ran, read at every window's start and end: any one edge is enough
+    assert out["profiler"] is False
+    edges = iter([False, True, False, False])  # window 1's end only
+    monkeypatch.setattr(train, "profiler_active", lambda: next(edges))
+    assert train.windows(b, types.SimpleNamespace(windows=2, steps=1), sync, meter, waited=False)["profiler"] is True
+
+
+def test_skips_from_the_scale_or_the_backends_own_count():
+    assert train.skips(2.0 ** 16, 2.0 ** 13) == 3 and train.skips(8.0, 8.0) == 0
+    assert train.skips(8.0, 16.0) == 0  # a growth is no negative skip
+    assert train.skips(8.0, 8.0 / 2 ** 0.6) == 1  # rounded, not truncated
+    assert train.skips(None, 8.0) is None and train.skips(8.0, None) is None and train.skips(None, None, 1, 2) is None
+    assert train.skips(8.0, 8.0, 3, 7) == 4 and train.skips(8.0, 4.0, None, 7) == 1 and train.skips(8.0, 4.0, 3) == 1
+
+
+def test_compute_only_reason():
+    b = types.SimpleNamespace(no_compute_only="why not")
+    assert train.compute_only_reason(b, cfg_for(world_size=1)) == "world size 1: nothing to synchronise"
+    assert train.compute_only_reason(b, cfg_for(options={"compile": True})) == (
+        "not with --compile (skipping the synchronisation would recompile inside the windows)")
+    assert train.compute_only_reason(b, cfg_for(options={"compile": False})) == "why not"
+    assert train.compute_only_reason(types.SimpleNamespace(no_compute_only=None), cfg_for()) is None

@@ -1,5 +1,5 @@
-"""Issue 24, measurement correctness: collectives (agreed sizes, nccl-tests timing), energy over the whole timed
-span, dp's knobs, MFU peaks of the NVL parts, DataParallel's memory imbalance under cudnn.benchmark, and the
+"""Measurement correctness: collectives (agreed sizes, nccl-tests timing), energy over the whole timed
+span, MFU peaks of the NVL parts, DataParallel's memory imbalance under cudnn.benchmark, and the
 warmed-up evaluation. CPU tests show each mechanism; ``gpu``-marked ones need CUDA."""
 import json
 import os
@@ -12,7 +12,7 @@ import torch
 GiB = 2 ** 30
 
 
-# -- 4. collectives: the ranks agree on the sizes -------------------------------------------------------
+# -- collectives: the ranks agree on the sizes -------------------------------------------------------
 
 def _collectives_rank(rank, world, port, out_dir, free_by_rank):
     """One rank of a 2-rank gloo collectives sweep whose free memory is ``free_by_rank[rank]``; it writes the
@@ -69,7 +69,7 @@ def test_collectives_ranks_agree_on_the_sizes_the_tightest_rank_fits(tmp_path):
     assert [[r["op"], r["bytes"]] for r in rec["results"]] == expected
 
 
-# -- 5. collectives: timed as nccl-tests does -------------------------------------------------------------
+# -- collectives: timed as nccl-tests does -------------------------------------------------------------
 
 def test_collectives_time_iters_back_to_back_between_one_sync():
     from bench.rank import collectives
@@ -93,7 +93,7 @@ def test_collectives_gpu_range_reaches_1_gib():
     assert collectives.sizes(lo, hi)[-1] >= GiB
 
 
-# -- 6. energy: one read before the first window and one after the last ----------------------------------
+# -- energy: one read before the first window and one after the last ----------------------------------
 
 class _Clock:
     """Simulated time: training advances it, nothing else does but the barrier's millisecond."""
@@ -195,35 +195,7 @@ def test_energy_on_one_gpu_over_a_span_the_counter_resolves(tmp_path):
     assert len(rec["energy_window_diagnostic"]["joules"]) == 3
 
 
-# -- 7 and channels-last: dp refuses the knobs it cannot honour --------------------------------------------
-
-def _cfg(**kw):
-    from bench.core.config import RunConfig
-
-    base = dict(backend="dp", launcher="inproc", world_size=2, device_type="cuda", model="resnet18", image_size=32,
-                batch_size=2, warmup=3, steps=2, windows=3)
-    return RunConfig(**{**base, **kw})
-
-
-@pytest.mark.parametrize("options,reason", [
-    ({"compile": True}, "dp cannot honour --compile: torch.compile cannot trace nn.DataParallel's per-step "
-                        "replicate and replica threads, and compiling the inner model would be bypassed (it would "
-                        "run eager)"),
-    ({"channels_last": True}, "dp cannot honour --channels-last: nn.DataParallel's replicate() gives replicas "
-                              "1..N-1 contiguous weights (broadcast_coalesced), so their convolutions would convert "
-                              "every weight on every step"),
-])
-def test_dp_refuses_compile_and_channels_last_with_the_reason(options, reason):
-    import backends
-
-    dp = backends.create("dp")
-    assert dp.unavailable(_cfg(options=options)) == reason
-    assert dp.unavailable(_cfg(options=options, world_size=1, device_type="cpu")) == reason
-    assert dp.unavailable(_cfg(options={k: False for k in options})) is None  # switched off: nothing to refuse
-    assert backends.create("ddp").unavailable(_cfg(backend="ddp", launcher="torchrun", options=options)) is None
-
-
-# -- 9. MFU: the NVL parts have their own peaks ------------------------------------------------------------
+# -- MFU: the NVL parts have their own peaks ------------------------------------------------------------
 
 @pytest.mark.parametrize("name,precision,peak,form", [
     ("NVIDIA H100 NVL", "bf16", 835.5, "(NVL)"), ("NVIDIA H100 NVL", "fp32", 417.5, "(NVL)"),
@@ -295,7 +267,7 @@ def test_evaluation_runs_one_untimed_eval_mode_forward_before_the_clock(monkeypa
     assert backend.model.training is True  # put back as it was
 
 
-# -- 10. DataParallel's memory imbalance comes from its cudnn.benchmark-off run ------------------------------
+# -- DataParallel's memory imbalance comes from its cudnn.benchmark-off run ------------------------------
 
 def test_dp_memory_imbalance_is_reported_from_the_cudnn_off_run(tmp_path, capsys):
     from bench.commands.report.summary import summarise, usable_records

@@ -1,4 +1,4 @@
-"""The offline recipe (issue 35, item 4): `make wheels` puts into a folder everything a machine with no package registry
+"""The offline recipe: `make wheels` puts into a folder everything a machine with no package registry
 lacks, Horovod's source archive and its build and runtime requirements included, and Horovod builds there from that
 folder alone.
 

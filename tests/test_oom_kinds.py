@@ -1,4 +1,4 @@
-"""Out of memory however the library under torch says it (issue 35, item 6): cuBLAS, the CUDA runtime
+"""Out of memory however the library under torch says it: cuBLAS, the CUDA runtime
 (torch.AcceleratorError), cuDNN and NCCL raise their own exceptions, not torch.OutOfMemoryError. A rank must still
 stop with the out-of-memory line, and --find-max-batch must record "out of memory" and search on. The messages are
 the libraries' own (bench/core/markers.py says where each is written); generic errors must stay errors."""

@@ -316,6 +316,35 @@ def test_runs_over_several_nodes_split_intra_and_inter_node_efficiency(tmp_path)
     assert "| ddp (2 nodes × 4) | 8 | fp32 | 576.0 img/s | 72.0 % | 72.0 % | 90.0 % | 80.0 % |" in md
 
 
+def test_report_shows_the_settings_table_in_markdown_and_html(tmp_path, capsys):
+    infos = {
+        "ddp": {"grad_reduce_dtype": "float32", "bucket_cap_mb": 25.0, "compile": None},
+        "ds_zero2": {"grad_reduce_dtype": "float32", "overlap_comm": True, "bucket_elements": 25 * 2 ** 20 // 4,
+                     "grad_norm": "skipped", "throughput_timer": "off"},
+        "ddp_zero": {"grad_reduce_dtype": "float32", "bucket_cap_mb": 25.0, "parameters_as_bucket_view": True},
+        "fsdp2": {"grad_reduce_dtype": "float32", "norm_fp32_via": "fully_shard per block's BatchNorms",
+                  "compile": "per block"},
+    }
+    recs = [make(name, 2, 100.0, precision="bf16", backend_info=info) for name, info in infos.items()]
+    recs.append(make("ddp", 2, 120.0, precision="bf16", options={"ddp_comm_hook": "fp16"},
+                     backend_info={"grad_reduce_dtype": "float16", "bucket_cap_mb": 25.0}))
+    code, _ = run_report(write(tmp_path, *recs), tmp_path / "rep", capsys)
+    assert code == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    table = md.split("## Backend settings\n", 1)[1].split("\n\n")[1].splitlines()
+    assert table[0] == ("| backend | precision | grad reduce dtype | overlap comm | bucket | grad norm | throughput timer "
+                        "| params as bucket view | norms fp32 via | compile |")
+    assert table[2:] == [
+        "| ddp (ddp_comm_hook=fp16) | bf16 | float16 | — | 25 MiB | — | — | — | — | — |",
+        "| ddp | bf16 | float32 | — | 25 MiB | — | — | — | — | — |",
+        "| ddp_zero | bf16 | float32 | — | 25 MiB | — | — | on | — | — |",
+        "| ds_zero2 | bf16 | float32 | on | 25 MiB | skipped | off | — | — | — |",
+        "| fsdp2 | bf16 | float32 | — | — | — | — | — | fully_shard per block's BatchNorms | per block |"]
+    html = (tmp_path / "rep" / "REPORT.html").read_text()
+    assert '<section id="s-backend-settings">' in html
+    assert "<td>fully_shard per block's BatchNorms</td>" in html and "<th>params as bucket view</th>" in html
+
+
 # --- the verdict -------------------------------------------------------------------------------------------------
 
 def runs(backend, n, *thrs, **kw):

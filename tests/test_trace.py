@@ -1,6 +1,7 @@
 """bench run --trace: a few profiled steps after every measurement, one Chrome trace per rank, the phases of a step
-read off it (bench/core/traces.py). The new backends' traces (fsdp2, DeepSpeed, ddp_zero, allreduce_manual at 2
-ranks) ride on tests/test_backends.py's run; here: ddp with and without --trace, and everything that runs nothing."""
+read off it (bench/core/traces.py). Every backend's trace (a file per rank, the phases it marks) rides on the
+contract's sweep (tests/backends/test_contract.py); here: ddp with and without --trace, and everything that runs
+nothing."""
 import contextlib
 import gzip
 import json

@@ -1,4 +1,4 @@
-"""Saying when a number should not be believed (issue 27): the machine around a run (bench/launch/machine.py), the
+"""Saying when a number should not be believed: the machine around a run (bench/launch/machine.py), the
 judgement and its thresholds (bench/core/trust.py), and the warnings where the numbers are shown: the console after
 `bench run`, REPORT.md / REPORT.html / the report's console, the verdict, and the gate (exit 3: inconclusive).
 
@@ -114,10 +114,10 @@ def test_a_disturbed_run_is_marked_everywhere_and_the_verdict_names_no_winner(tm
 
 
 # ---------------------------------------------------------------------------------------------------
-# The issue's sweep: unstable repeats, impossible efficiency, a negative loss component, the same computation far
-# apart, a slow first window
+# A sweep with every doubt: unstable repeats, impossible efficiency, a negative loss component, the same computation
+# far apart, a slow first window
 
-def test_the_issue_s_sweep_gets_every_warning_with_its_reason(tmp_path):
+def test_a_sweep_with_every_doubt_gets_every_warning_with_its_reason(tmp_path):
     single = [make("single", 1, t, device="cpu", stamp=f"2026010{i}T000000Z") for i, t in enumerate((2.0, 3.1, 4.2))]
     single[0]["window_seconds"] = [3 * single[0]["window_seconds"][0]] + single[0]["window_seconds"][1:]
     ddp1 = [make("ddp", 1, 7.1, device="cpu")]
@@ -147,6 +147,7 @@ def test_the_issue_s_sweep_gets_every_warning_with_its_reason(tmp_path):
     assert "not to be believed as it stands" in svg
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("device,spread,warned", [("cuda", (0.92, 1.0, 1.08), True), ("cuda", (0.98, 1.0, 1.02), False),
                                                   ("cpu", (0.92, 1.0, 1.08), False), ("cpu", (0.8, 1.0, 1.2), True)])
 def test_unstable_means_a_cv_above_5_percent_on_gpus_and_15_on_cpus(device, spread, warned):
@@ -154,6 +155,7 @@ def test_unstable_means_a_cv_above_5_percent_on_gpus_and_15_on_cpus(device, spre
     assert (kinds(recs) == ["unstable"]) is warned and (kinds(recs) == []) is (not warned)
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("ratio,warned", [(1.2, False), (0.85, False), (1.3, True), (0.7, True)])
 def test_the_same_computation_at_world_size_1_far_from_single(ratio, warned):
     recs = [make("single", 1, 100.0), make("ddp", 1, 100.0 * ratio)]
@@ -162,6 +164,7 @@ def test_the_same_computation_at_world_size_1_far_from_single(ratio, warned):
     assert kinds(compiled) == []  # a compiled backend is not single's computation
 
 
+@pytest.mark.mutation
 def test_efficiency_and_loss_limits():
     assert trust.efficiency("x", 105.0, "single@1", "eff") is None
     assert trust.efficiency("x", 106.0, "single@1", "eff")["reason"].startswith("scaling efficiency 106% vs single@1")
@@ -178,6 +181,7 @@ def cpu_part(share, cpus):
     return {"others_cpu_share": share, "others_cpu_cores": share * cpus}
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("device,cpus,share,disturbed", [
     ("cpu", 2, 0.09, False), ("cpu", 2, 0.11, True),        # 10% of the CPUs
     ("cuda", 16, 0.04, False), ("cpu", 16, 0.04, True),     # 0.64 cores: enough on a CPU run, whose ranks use them all
@@ -190,6 +194,7 @@ def test_others_cpu_share_limits(device, cpus, share, disturbed):
     assert bool(reasons) is disturbed and all("compute-only windows" in r for r in reasons)
 
 
+@pytest.mark.mutation
 def test_gpu_processes_and_throttling():
     quiet = {"index": 0, "other_processes": [], "throttled": ["sw_power_cap", "gpu_idle"]}  # power cap: by design
     assert trust.machine_reasons({"cpus": 8, "gpus": [quiet]}, "cuda") == []
@@ -200,6 +205,7 @@ def test_gpu_processes_and_throttling():
     assert trust.throttle_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
 
 
+@pytest.mark.mutation
 def test_other_gpu_pids_in_this_namespace_and_in_a_container():
     seen = {10, 11, 99}.__contains__
     assert machine.other_gpu_pids([10, 99], {10, 11}, seen) == [99]
@@ -208,6 +214,7 @@ def test_other_gpu_pids_in_this_namespace_and_in_a_container():
     assert machine.other_gpu_pids([5001, 5002], {10}, lambda p: False) == [5002]
 
 
+@pytest.mark.mutation
 def test_cpu_busy_counts_only_the_run_s_cpus_and_steal(tmp_path):
     stat = tmp_path / "stat"
     stat.write_text("cpu  900 0 900 900 0 0 0 0 0 0\n"
@@ -251,6 +258,7 @@ class FakeNVML(types.ModuleType):
         return 0x40 if h == 0 and self.calls > 2 else 0x4
 
 
+@pytest.mark.mutation
 def test_the_gpu_sampler_against_a_fake_nvml_and_the_record_it_rewrites(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
     rec = make("ddp", 2, 190.0)
@@ -274,6 +282,7 @@ def test_the_gpu_sampler_against_a_fake_nvml_and_the_record_it_rewrites(tmp_path
     assert not list(tmp_path.glob(".tmp-*"))  # replaced whole, nothing left beside it
 
 
+@pytest.mark.mutation
 def test_without_nvml_the_gpu_half_says_why_and_measures_the_rest(monkeypatch):
     broken = types.ModuleType("pynvml")
     broken.nvmlInit = lambda: (_ for _ in ()).throw(OSError("libnvidia-ml.so.1: cannot open shared object file"))
@@ -308,6 +317,7 @@ def test_the_run_s_own_cpu_is_not_others_and_a_stranger_s_is(tmp_path):
     assert "other processes used" in trust.machine_reasons(m, "cpu")[0]
 
 
+@pytest.mark.mutation
 def test_wait_quiet_waits_within_its_bound():
     said, now = [], [0.0]
 
@@ -330,6 +340,7 @@ def test_wait_quiet_waits_within_its_bound():
     assert said[-1].startswith("the machine did not become quiet within 5 s") and "running anyway" in said[-1]
 
 
+@pytest.mark.mutation
 def test_wait_quiet_must_be_a_positive_bound(capsys):
     from tests.conftest import cli_error
 
@@ -351,6 +362,7 @@ def disturb(recs, *which):
     return recs
 
 
+@pytest.mark.mutation
 def test_gate_is_inconclusive_not_failed_on_disturbed_runs(tmp_path, capsys):
     b, c = pair(tmp_path / "slow", gate_runs(1), disturb(gate_runs(2, scale=1.25), 0))  # 20% slower, 1 disturbed
     code, data, _, err = gate(capsys, b, c, "--format", "json")
@@ -370,6 +382,7 @@ def test_gate_is_inconclusive_not_failed_on_disturbed_runs(tmp_path, capsys):
     assert code == 3 and "re-record the baseline on a quiet machine" in data["rows"][0]["notes"][-1]
 
 
+@pytest.mark.mutation
 def test_disturbed_runs_still_fail_the_gate_on_memory_and_crashes(tmp_path, capsys):
     b, c = pair(tmp_path / "mem", gate_runs(1), disturb(gate_runs(2, mem_gib=12.0), 0))
     code, data, _, _ = gate(capsys, b, c, "--format", "json")
@@ -381,6 +394,7 @@ def test_disturbed_runs_still_fail_the_gate_on_memory_and_crashes(tmp_path, caps
     assert code == 1 and data["rows"][0]["verdict"] == "inconclusive, failed"
 
 
+@pytest.mark.mutation
 def test_gate_lists_unstable_runs_as_warnings_without_changing_the_exit(tmp_path, capsys):
     b, c = pair(tmp_path, gate_runs(1), gate_runs(2, run_sigma=0.2))
     code, data, out, _ = gate(capsys, b, c, "--format", "json")

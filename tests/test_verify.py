@@ -1,9 +1,10 @@
-"""bench verify and the distributed evaluation: every backend against a single-process reference, injected
-faults caught by name, every evaluation sample counted exactly once."""
+"""bench verify and the distributed evaluation: a backend of every launcher against a single-process reference (the
+list derived from the registry), injected faults caught by name, every evaluation sample counted exactly once."""
 import json
 
 import pytest
 
+import backends
 from bench.rank.evaluate import exact_shard
 from tests.conftest import bench, bench_inproc, cli_error
 
@@ -17,16 +18,31 @@ def _summary(results):
     return {(r["backend"], r["world_size"]): r for r in json.loads(path.read_text())["rows"]}
 
 
-@pytest.mark.slow
-@pytest.mark.horovod
-def test_distributed_backends_match_the_reference_bit_for_bit(tmp_path):
-    from tests.test_amp_horovod import _horovod_or_skip
+def one_backend_per_launcher() -> list[str]:
+    """What bench verify compares with its reference here, from the registry: the first backend of every launcher that
+    starts ranks (torchrun, mp.spawn, horovodrun when Horovod is built) whose 2-rank verify has a reference here, as
+    verify's own planner says. Verify's path through each launcher is what this file checks; every backend's own
+    2-rank training is the contract's (tests/backends/test_contract.py)."""
+    from bench.cli import build_parser
+    from bench.commands import verify
 
-    _horovod_or_skip()
-    proc = bench("verify", "--backends", "ddp,ddp_spawn,horovod", "--gpus", 2, *QUICK, "--results", tmp_path)
+    _, entries = verify.plan(build_parser().parse_args(["verify", "--backends", "all", "--gpus", "2", *QUICK]))
+    first = {}
+    for e in entries:
+        launcher = backends.REGISTRY[e.backend]["launcher"]
+        if e.world_size == 2 and e.skipped is None and launcher != "inproc":
+            first.setdefault(launcher, e.backend)
+    return list(first.values())
+
+
+@pytest.mark.slow
+def test_distributed_backends_match_the_reference_bit_for_bit(tmp_path):
+    chosen = one_backend_per_launcher()
+    assert {"torchrun", "spawn"} <= {backends.REGISTRY[name]["launcher"] for name in chosen}, chosen
+    proc = bench("verify", "--backends", ",".join(chosen), "--gpus", 2, *QUICK, "--results", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = _summary(tmp_path)
-    assert set(rows) == {("ddp", 2), ("ddp_spawn", 2), ("horovod", 2)}
+    assert set(rows) == {(name, 2) for name in chosen}
     for row in rows.values():
         assert row["verdict"] == "pass", row
         # 2 replicas: a + b = b + a, so the twin is bit-identical and so is every correct backend
@@ -40,19 +56,21 @@ def test_distributed_backends_match_the_reference_bit_for_bit(tmp_path):
 
 @pytest.mark.slow
 def test_injected_faults_fail_verify_naming_the_backend_and_the_deviation(tmp_path):
-    proc = bench_inproc("verify", "--backends", "ddp,ddp_spawn", "--gpus", 2, *QUICK, "--results", tmp_path,
-                        env={"BENCH_FAULT": "ddp/grad-scale@rank1,ddp_spawn/wrong-shard@rank1"})
+    by_launcher = {backends.REGISTRY[name]["launcher"]: name for name in one_backend_per_launcher()}
+    a, b = by_launcher["torchrun"], by_launcher["spawn"]  # ddp and ddp_spawn
+    proc = bench_inproc("verify", "--backends", f"{a},{b}", "--gpus", 2, *QUICK, "--results", tmp_path,
+                        env={"BENCH_FAULT": f"{a}/grad-scale@rank1,{b}/wrong-shard@rank1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("verify: FAIL")]
     assert len(lines) == 2, proc.stderr
     # doubled gradients on rank 1: identical replicas, wrong update; the loss moves from step 2 on
-    assert lines[0].startswith("verify: FAIL ddp x2 fp32: loss deviates from the reference by ")
+    assert lines[0].startswith(f"verify: FAIL {a} x2 fp32: loss deviates from the reference by ")
     assert " at step 2 (allowed 1e-05); final parameters are " in lines[0]
     # rank 1 reads rank 0's share: the very first loss is already another batch's
-    assert lines[1].startswith("verify: FAIL ddp_spawn x2 fp32: loss deviates from the reference by ")
+    assert lines[1].startswith(f"verify: FAIL {b} x2 fp32: loss deviates from the reference by ")
     assert " at step 1 (allowed 1e-05)" in lines[1]
     rows = _summary(tmp_path)
-    assert rows[("ddp", 2)]["param_distance"] > 0.1 and rows[("ddp_spawn", 2)]["param_distance"] > 0.1
+    assert rows[(a, 2)]["param_distance"] > 0.1 and rows[(b, 2)]["param_distance"] > 0.1
 
 
 def test_verify_bad_input_is_one_line(tmp_path, capsys):
@@ -72,30 +90,5 @@ def test_exact_shards_count_every_sample_once(size, world):
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
 
 
-# --eval's exact counts are asserted on real runs in tests/test_backends.py (every sharded backend at 2 ranks, 37
-# samples) and tests/test_harness.py (in process).
-
-
-@pytest.mark.slow
-def test_deepspeed_half_precision_trains_evaluates_and_verify_says_why_it_has_no_reference(results_dir, capsys):
-    """DeepSpeed 0.19 casts parameters to bf16 but keeps BatchNorm's running statistics fp32, which BatchNorm
-    refuses: every fp16/bf16 run failed until the backend gave the statistics their layer's dtype; evaluation
-    feeds the model its input dtype."""
-    from bench.cli import build_parser
-    from bench.commands import verify
-    from tests.conftest import TINY, records
-
-    proc = bench_inproc("run", "--backends", "ds_zero3", "--gpus", 2, *TINY, "--precision", "bf16", "--eval",
-                        "--eval-samples", 9, "--ds-bucket-mb", 1, "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["eval_samples"] == 9
-    assert rec["backend_info"]["param_dtype"] == "bfloat16" and rec["backend_info"]["norm_buffers_cast"] == 40
-    assert rec["options"] == {"ds_bucket_mb": 1.0} and rec["backend_info"]["bucket_elements"] == 2 ** 18
-    args = build_parser().parse_args(["verify", "--backends", "ds_zero1,ds_zero3", "--gpus", "2", "--device", "cpu",
-                                      "--precision", "bf16"])
-    _, entries = verify.plan(args)
-    assert [(e.backend, e.reference) for e in entries] == [("ds_zero1", None), ("ds_zero3", None)]
-    assert entries[0].skipped == ("DeepSpeed's bf16 trains half-precision weights with fp32 master copies (its own "
-                                  "mixed precision, not autocast), which no reference here reproduces; verify "
-                                  "DeepSpeed at fp32")
+# --eval's exact counts are asserted on real runs of every backend (37 samples at its world size) by the contract,
+# tests/backends/test_contract.py.

@@ -83,7 +83,7 @@ def test_workflow_passes_actionlint(path):
 
 
 def test_actionlint_catches_the_runner_context_in_a_job_env(tmp_path):
-    """The bug this lint exists for (issue 24): `runner` is not available in a job's env, and GitHub rejects
+    """The bug this lint exists for: `runner` is not available in a job's env, and GitHub rejects
     the whole workflow before any job starts. A canary that the harness really reports it."""
     bad = tmp_path / "bad.yml"
     bad.write_text("on: push\njobs:\n  j:\n    runs-on: [self-hosted, gpu]\n    env:\n"

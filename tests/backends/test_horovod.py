@@ -1,40 +1,22 @@
-"""ddp_amp_syncbn and horovod: the backends beyond plain DDP, each measured by the same timed loop."""
+"""horovod's own tests: a missing build is a clean skip reason, its compression is recorded in every horovod run (and
+only there), and one 2-rank horovodrun over gloo whose every knob is read back from Horovod's own settings in the
+ranks. Its plain 2-rank run is in test_contract.py."""
 import os
 import sys
 
 import pytest
-import torch
 
 from backends import horovod as hvd_backend
-from backends.ddp_amp_syncbn import SYNCBN_CPU
 from tests.conftest import TINY, TINY_WINDOWS, bench_inproc, records
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-
-def _horovod_or_skip():
+def horovod_or_skip():
+    """Skip without the Horovod build, with the reason; fail instead under BENCH_REQUIRE_HOROVOD=1 (CI builds it)."""
     reason = hvd_backend.problem()
     if reason:
         if os.environ.get("BENCH_REQUIRE_HOROVOD") == "1":
             pytest.fail(f"BENCH_REQUIRE_HOROVOD=1 but {reason}")
         pytest.skip(reason)
-
-
-def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir):
-    proc = bench_inproc("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, *TINY, "--results", results_dir)
-    assert proc.returncode == 0, proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "skipped" and rec["reason"] == SYNCBN_CPU
-    assert rec["precision"] == "fp16"  # apex O1's default, recorded even when skipped
-    assert "SyncBatchNorm layers only work with GPU modules" in proc.stdout
-
-
-def test_fp16_on_cpu_is_skipped_not_faked(results_dir):
-    proc = bench_inproc("run", "--backends", "single", "--gpus", 1, *TINY, "--precision", "fp16", "--results", results_dir)
-    assert proc.returncode == 0
-    [rec] = records(results_dir)
-    assert rec["status"] == "skipped"
-    assert rec["reason"] == "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"
 
 
 def test_missing_horovod_is_a_clean_skip_reason(monkeypatch):
@@ -55,7 +37,7 @@ def test_horovod_compression_defaults_to_none_and_is_always_recorded():
 def test_horovod_two_gloo_ranks_fp16_compression_bf16_fusion_and_cycle_time_reach_horovod(results_dir):
     """One 2-rank horovodrun over gloo: identical replicas, the timed and compute-only windows, Horovod's build
     recorded, and every horovod knob read back from Horovod's own settings in the ranks."""
-    _horovod_or_skip()
+    horovod_or_skip()
     proc = bench_inproc("run", "--backends", "horovod", "--gpus", 2, *TINY, "--precision", "bf16",
                         "--hvd-compression", "fp16", "--hvd-fusion-mb", 1, "--hvd-cycle-ms", 2.5, "--trace", 1,
                         "--results", results_dir)
@@ -78,20 +60,3 @@ def test_horovod_two_gloo_ranks_fp16_compression_bf16_fusion_and_cycle_time_reac
     assert rec["precision"] == "bf16"
     info = rec["backend_info"]  # read back from Horovod's own settings in the ranks
     assert (info["fusion_threshold_bytes"], info["cycle_time_ms"]) == (str(2 ** 20), "2.5")
-
-
-@gpu
-@pytest.mark.gpu
-def test_amp_syncbn_bf16_on_one_gpu(results_dir):
-    """bf16 autocast with SyncBatchNorm and no GradScaler (fp16 is covered by tests/test_gpu.py)."""
-    proc = bench_inproc("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
-                        "--image-size", 64, "--batch-size", 8, "--warmup", 2, "--steps", 3, "--windows", 3,
-                        "--precision", "bf16", "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "ok" and rec["precision"] == "bf16" and rec["device_type"] == "cuda"
-    info = rec["backend_info"]
-    assert (info["process_group"], info["autocast_dtype"], info["grad_scaler"]) == ("nccl", "bfloat16", False)
-    assert info["sync_batchnorm_layers"] == 20 and rec["skipped_steps"] is None
-    [mem] = rec["memory"]
-    assert mem["peak_reserved_bytes"] >= mem["peak_allocated_bytes"] > 0

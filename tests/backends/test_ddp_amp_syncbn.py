@@ -1,0 +1,36 @@
+"""ddp_amp_syncbn's own tests: on CPU its run is skipped with the reason (SyncBatchNorm refuses CPU modules), its
+default precision recorded all the same; on a GPU, bf16 autocast with SyncBatchNorm and no GradScaler. The contract
+(test_contract.py) checks its skip at 2 ranks."""
+import pytest
+import torch
+
+from backends.ddp_amp_syncbn import SYNCBN_CPU
+from tests.conftest import TINY, bench_inproc, records
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir):
+    proc = bench_inproc("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, *TINY, "--results", results_dir)
+    assert proc.returncode == 0, proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "skipped" and rec["reason"] == SYNCBN_CPU
+    assert rec["precision"] == "fp16"  # apex O1's default, recorded even when skipped
+    assert "SyncBatchNorm layers only work with GPU modules" in proc.stdout
+
+
+@gpu
+@pytest.mark.gpu
+def test_amp_syncbn_bf16_on_one_gpu(results_dir):
+    """bf16 autocast with SyncBatchNorm and no GradScaler (fp16 is covered by tests/test_gpu.py)."""
+    proc = bench_inproc("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
+                        "--image-size", 64, "--batch-size", 8, "--warmup", 2, "--steps", 3, "--windows", 3,
+                        "--precision", "bf16", "--results", results_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = records(results_dir)
+    assert rec["status"] == "ok" and rec["precision"] == "bf16" and rec["device_type"] == "cuda"
+    info = rec["backend_info"]
+    assert (info["process_group"], info["autocast_dtype"], info["grad_scaler"]) == ("nccl", "bfloat16", False)
+    assert info["sync_batchnorm_layers"] == 20 and rec["skipped_steps"] is None
+    [mem] = rec["memory"]
+    assert mem["peak_reserved_bytes"] >= mem["peak_allocated_bytes"] > 0

@@ -1,0 +1,210 @@
+"""The library defaults that tilt a comparison between backends, set on purpose and read back from 2 real ranks: FSDP2's
+compute-only step under a GradScaler, its norm groups and per-block --compile; ZeroRedundancyOptimizer's bucket view;
+DeepSpeed's timer, communication dtype, overlap and gradient norm. Each is recorded in backend_info and shown in the
+report's "Backend settings" table (tests/test_report.py).
+
+The distributed checks run in one module fixture: 2 ranks over gloo (torch.multiprocessing.spawn), each backend set
+up, stepped and torn down in turn, every rank writing what it saw; the tests assert on those files. Each backend's
+in-process tests are in its own file (test_fsdp2.py, test_deepspeed.py, ...)."""
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+import backends
+from backends import fsdp2 as fsdp2_module
+from bench.core.config import RunConfig
+from bench.rank import record
+
+
+def tiny_cfg(backend: str, precision: str = "fp32", **options) -> RunConfig:
+    return RunConfig(backend=backend, launcher="torchrun", world_size=2, device_type="cpu", model="resnet18",
+                     image_size=32, batch_size=2, warmup=2, steps=2, windows=1, precision=precision, options=options)
+
+
+def synthetic(rank: int):
+    g = torch.Generator().manual_seed(rank)
+    while True:
+        yield torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 1000, (2,), generator=g)
+
+
+def fsdp_groups(model: torch.nn.Module) -> list[list[str]]:
+    """The FSDP parameter groups of ``model`` (one per fully_shard call), each as the names of its modules."""
+    from torch.distributed.fsdp import FSDPModule
+
+    names = {id(m): n for n, m in model.named_modules()}
+    states = {}
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            state = m._get_fsdp_state()
+            states.setdefault(id(state), []).append(names[id(m)])
+    return list(states.values())
+
+
+def _fsdp2_compute_only_with_a_scaler(rank: int) -> dict:
+    """fp32 FSDP2 with a CPU GradScaler (the fp16 mechanism, which needs CUDA for its kernels): one real step, then
+    one step inside the compute-only context."""
+    b = backends.create("fsdp2")
+    b.setup(tiny_cfg("fsdp2"))
+    try:
+        b.scaler = torch.amp.GradScaler("cpu")
+        b.batches = synthetic(rank)
+        b.train(1)
+        with b.skip_gradient_sync():
+            try:
+                b.train(1)
+            except Exception as e:  # noqa: BLE001 - the message is what the test asserts
+                return {"error": f"{type(e).__name__}: {e}"}
+        params = list(b.module.parameters())
+        return {"error": None, "params": len(params),
+                "sharded_grads": sum(type(p.grad).__name__ == "DTensor" and p.grad.to_local().shape == p.to_local().shape
+                                     for p in params if p.grad is not None),
+                "momentum_buffers": sum("momentum_buffer" in b.optimizer.state[p] for p in params),
+                "scale": float(b.scaler.get_scale()),
+                "reduce_grads_restored": all(g.reduce_grads for m in b.module.modules()
+                                             if hasattr(m, "_get_fsdp_state")
+                                             for g in m._get_fsdp_state()._fsdp_param_groups)}
+    finally:
+        b.teardown()
+
+
+def _fsdp2_norm_groups_and_compile(rank: int) -> dict:
+    """resnet18 sharded under the torch <= 2.14 path (no param_dtype_override_fn) at bf16, and FSDP2 set up with
+    --compile (nothing is compiled until a forward, which this does not run)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    b = backends.create("fsdp2")
+    b.setup(tiny_cfg("fsdp2", compile=True))
+    try:
+        out = {"compiled_blocks": [n for n, m in b.module.named_modules() if getattr(m, "_compiled_call_impl", None)],
+               "root_compiled": type(b.model).__name__ == "OptimizedModule",
+               "compile": b.describe()["compile"]}
+        import torchvision
+
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18(num_classes=1000)
+        fsdp2_module.has_param_dtype_override = lambda: False  # this process only
+        via = fsdp2_module.shard(model, init_device_mesh("cpu", (2,)), torch.bfloat16)
+        out.update(via=via, groups=fsdp_groups(model))
+        return out
+    finally:
+        b.teardown()
+
+
+def _ddp_zero(rank: int) -> dict:
+    b = backends.create("ddp_zero")
+    b.setup(tiny_cfg("ddp_zero"))
+    try:
+        b.batches = synthetic(rank)
+        b.train(2)
+        info = b.describe()
+        return {"bucket_view": info["parameters_as_bucket_view"], "grad_reduce_dtype": info["grad_reduce_dtype"],
+                "checksum": record.param_checksum(b.full_parameters())}
+    finally:
+        b.teardown()
+
+
+def _ds_zero2_bf16(rank: int) -> dict:
+    b = backends.create("ds_zero2")
+    b.unavailable(tiny_cfg("ds_zero2", "bf16"))  # sets DS_ACCELERATOR=cpu before deepspeed is imported
+    b.setup(tiny_cfg("ds_zero2", "bf16"))
+    try:
+        b.batches = synthetic(rank)
+        b.train(2)
+        info = b.describe()
+        keys = ("grad_reduce_dtype", "overlap_comm", "grad_norm", "throughput_timer", "wall_clock_breakdown",
+                "param_dtype")
+        return {**{k: info[k] for k in keys}, "skipped_steps": b.skipped_steps(),
+                "checksum": record.param_checksum(b.full_parameters())}
+    finally:
+        b.teardown()
+
+
+PARTS = {"fsdp2_compute_only": _fsdp2_compute_only_with_a_scaler, "fsdp2_groups": _fsdp2_norm_groups_and_compile,
+         "ddp_zero": _ddp_zero, "ds_zero2": _ds_zero2_bf16}
+
+
+def _rank_main(rank: int, ports: list[int], out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
+    torch.set_num_threads(1)
+    seen = {}
+    for (name, part), port in zip(PARTS.items(), ports):
+        os.environ["MASTER_PORT"] = str(port)  # a fresh rendezvous per process group (reusing one hung DDP's init)
+        try:
+            seen[name] = part(rank)
+        except Exception as e:  # noqa: BLE001 - one part failing must not hide the others
+            seen[name] = {"crashed": f"{type(e).__name__}: {e}"}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fairness")
+    ports = []
+    for _ in PARTS:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    torch.multiprocessing.spawn(_rank_main, args=(ports, str(out)), nprocs=2, join=True)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+# -- FSDP2's compute-only windows under a GradScaler -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_fsdp2_compute_only_step_gives_the_scaler_sharded_grads(two_ranks):
+    for rank in two_ranks:
+        seen = rank["fsdp2_compute_only"]
+        # without local grads GradScaler.step raised "No inf checks were recorded for this optimizer."
+        assert seen["error"] is None
+        assert seen["sharded_grads"] == seen["params"] == 62  # every resnet18 parameter, shard-shaped
+        assert seen["momentum_buffers"] == 62  # the step did the optimizer's arithmetic
+        assert seen["scale"] == 2.0 ** 16  # zeros are finite: no skip recorded
+        assert seen["reduce_grads_restored"] is True
+
+
+# -- FSDP2's groups and --compile --------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_fsdp2_old_torch_groups_each_blocks_norms_together(two_ranks):
+    seen = two_ranks[0]["fsdp2_groups"]
+    assert seen["via"] == "fully_shard per block's BatchNorms"
+    norm_groups = [g for g in seen["groups"] if all(".bn" in n or n.startswith("bn") or "downsample.1" in n for n in g)]
+    # resnet18: the stem's bn1, then per BasicBlock its bn1, bn2 (and downsample's norm): 9 groups, not 20
+    assert norm_groups[0] == ["bn1"]
+    assert norm_groups[1] == ["layer1.0.bn1", "layer1.0.bn2"]
+    assert norm_groups[3] == ["layer2.0.bn1", "layer2.0.bn2", "layer2.0.downsample.1"]
+    assert len(norm_groups) == 9 and sum(map(len, norm_groups)) == 20
+    assert len(seen["groups"]) == 9 + 8 + 1  # norm groups, blocks, root
+
+
+@pytest.mark.slow
+def test_fsdp2_compile_compiles_each_block_not_the_root(two_ranks):
+    seen = two_ranks[0]["fsdp2_groups"]
+    assert seen["compile"] == "per block"
+    assert seen["root_compiled"] is False
+    assert seen["compiled_blocks"] == [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
+
+
+# -- ZeroRedundancyOptimizer's bucket view -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_ddp_zero_broadcasts_bucket_views(two_ranks):
+    for rank in two_ranks:
+        assert rank["ddp_zero"]["bucket_view"] is True
+        assert rank["ddp_zero"]["grad_reduce_dtype"] == "float32"
+    assert two_ranks[0]["ddp_zero"]["checksum"] == two_ranks[1]["ddp_zero"]["checksum"]
+
+
+# -- DeepSpeed's generated config, read back from a real engine --------------------------------------------------------
+
+@pytest.mark.slow
+def test_deepspeed_engine_runs_with_the_fair_settings(two_ranks):
+    for rank in two_ranks:
+        assert rank["ds_zero2"] == {
+            "grad_reduce_dtype": "float32",  # DeepSpeed's default at bf16 is bfloat16
+            "overlap_comm": True, "grad_norm": "skipped", "throughput_timer": "off", "wall_clock_breakdown": False,
+            "param_dtype": "bfloat16", "skipped_steps": 0, "checksum": two_ranks[0]["ds_zero2"]["checksum"]}
