@@ -259,14 +259,14 @@ def check_undeclared_knob(name: str, monkeypatch) -> None:
     for device in ("cpu", "cuda"):  # ddp_amp_syncbn runs on CUDA only: the planner is asked as on a 2-GPU machine
         if device == "cuda":
             monkeypatch.setattr(_plan, "detect_device", lambda requested: ("cuda", 2))
-        [plain] = planned(name, n, device=device)
+        plain, *_ = planned(name, n, device=device)  # the first of its planned runs
         if backend.unavailable(plain) is None:
             break
     else:
         pytest.skip(f"{name} runs neither on CPU nor on CUDA here: {backend.unavailable(plain)}")
     for knob in (k for k in backends.knobs() if k.key not in declared and not k.own):
         try:
-            [cfg] = planned(name, n, *knob_value(knob), device=device)
+            cfg, *_ = planned(name, n, *knob_value(knob), device=device)
         except UsageError:  # a knob this device refuses to plan (--ranks-per-gpu on CPU): the next one
             continue
         assert knob.key in cfg.options, (knob.key, cfg.options)
