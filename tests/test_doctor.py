@@ -189,7 +189,9 @@ def test_ranks_per_gpu_plans_two_ranks_on_one_gpu_for_the_ddp_family_only(monkey
     runs = {c.backend: c for c in configs}
     assert {c.world_size for c in configs if c.backend != "single"} == {2} and "single" not in runs
     shared = {n for n, c in runs.items() if backends.create(n).unavailable(c) is None}
-    assert shared == {"ddp", "ddp_spawn", "ddp_amp_syncbn", "ddp_zero", "allreduce_manual"}
+    # the backends that declare the knob (the DDP family), and no other
+    assert shared == {n for n in runs if "ranks_per_gpu" in {k.key for k in backends.backend_class(n).knobs}}
+    assert {"ddp", "ddp_spawn", "ddp_amp_syncbn", "ddp_zero", "allreduce_manual"} <= shared
     assert runs["ddp"].options == {"ranks_per_gpu": 2}  # part of the configuration key: never mixed with real runs
     assert backends.create("fsdp2").unavailable(runs["fsdp2"]).startswith("fsdp2 cannot honour --ranks-per-gpu")
     # one rank per GPU is the default, and recorded as nothing

@@ -4,6 +4,7 @@ per rank, the flag names. Every backend's own run, and every field of its record
 (tests/backends/test_contract.py)."""
 import pytest
 
+import backends
 from bench.commands._plan import world_sizes
 from tests.conftest import TINY, bench, bench_inproc, cli_error, records
 
@@ -52,8 +53,9 @@ def test_repeats_run_interleaved_and_resume_runs_only_what_has_no_ok_record(resu
 def test_list_names_every_backend_and_launcher():
     proc = bench("list", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
-    for name, launcher in [("single", "inproc"), ("dp", "inproc"), ("ddp", "torchrun"), ("ddp_spawn", "spawn")]:
-        assert any(name in line and launcher in line for line in proc.stdout.splitlines()), (name, proc.stdout)
+    for name, entry in backends.REGISTRY.items():  # every registered backend, on a line with its launcher
+        assert any(f"│ {name} " in line and entry["launcher"] in line for line in proc.stdout.splitlines()), (
+            name, proc.stdout)
     assert "nn.DataParallel cannot parallelise on CPU" in proc.stdout
     assert any(ln.startswith("│ dp ") and "1 device only" in ln for ln in proc.stdout.splitlines())
 
