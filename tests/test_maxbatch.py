@@ -1,6 +1,6 @@
-"""bench run --find-max-batch: the bounded search for the largest per-device batch that fits (bench/commands/_maxbatch.py)
-against fake probes, its bad input, and one real search on CPU under a heap budget. Out-of-memory errors of every kind
-are in tests/test_oom_kinds.py."""
+"""bench run --find-max-batch: the bounded search for the largest per-device batch that fits
+(bench/commands/_maxbatch.py) against fake probes, its bad input, and one real search on CPU under a heap budget.
+Out-of-memory errors of every kind are in tests/test_oom_kinds.py."""
 import json
 
 import pytest

@@ -306,7 +306,8 @@ def test_a_backend_added_to_the_registry_alone_is_planned_offered_and_checked(mo
     """tests/backends/extra_backend.py's DDP subclass with one knob, registered and nothing else: the planner plans
     it in ``--backends all`` with its knob recorded, --help offers the knob, the other backends refuse the knob naming
     it, and this module's checks take the backend: its world size, its place in the sweep, its knobs."""
-    monkeypatch.setitem(backends.REGISTRY, "extra", {"cls": "tests.backends.extra_backend:Extra", "launcher": "torchrun"})
+    extra = {"cls": "tests.backends.extra_backend:Extra", "launcher": "torchrun"}
+    monkeypatch.setitem(backends.REGISTRY, "extra", extra)
     configs, _ = plan(parse_run(["--backends", "all", "--gpus", "2", *TINY, "--extra-buckets", "3"]))
     [cfg] = [c for c in configs if c.backend == "extra"]
     assert (cfg.launcher, cfg.world_size, cfg.options) == ("torchrun", 2, {"extra_buckets": 3})
