@@ -160,9 +160,9 @@ baseline: install
 	$(PY) -m bench run --max-gpus $(GPUS) --results $(REGRESS_RESULTS) $(REGRESS_ARGS)
 	$(PY) -m bench baseline save --from $(REGRESS_RESULTS) $(if $(BASELINE),--name $(BASELINE)) $(if $(FORCE),--force)
 
-# Mutation testing (README: "Mutation testing"), not part of `make test`: mutmut (pinned, in its own tool venv that
+# Mutation testing (docs/tests.md: Mutation testing), not part of `make test`: mutmut (pinned, in its own tool venv that
 # reads .venv's packages through a .pth) mutates the functions in MUTANTS, in the files pyproject.toml's [tool.mutmut]
-# names, and runs the fast in-process tests listed there against each mutant; then one line per module: killed,
+# names, and runs the tests marked `mutation` (tests/README.md) against each mutant; then one line per module: killed,
 # survived, no tests, timeout, score. Every run starts afresh (mutmut re-tests only mutants whose function changed,
 # not after a test changed). MUTANTS="bench.core.stats.*" narrows it; the log is mutants/run.log.
 # OMP_NUM_THREADS=1: two workers on two cores, and no OpenMP pool for forked workers to inherit.

@@ -1,7 +1,8 @@
 """2 ranks on CUDA. On a machine with one GPU the DDP family (ddp, ddp_spawn, ddp_amp_syncbn, ddp_zero,
 allreduce_manual) shares it: 2 ranks over gloo, whose all-reduce, broadcast and all-gather take CUDA tensors
 (--ranks-per-gpu 2); NCCL refuses two ranks on one device, so FSDP2, DeepSpeed, Horovod, DataParallel and NCCL's own
-collectives need 2 GPUs and skip with that reason (FSDP2 and DeepSpeed in fp16 at 2 GPUs: tests/test_backend_fairness.py).
+collectives need 2 GPUs and skip with that reason (FSDP2 and DeepSpeed in fp16 at 2 GPUs:
+tests/backends/test_fsdp2.py and test_deepspeed.py).
 Marked ``gpu``."""
 import pytest
 import torch
