@@ -177,12 +177,14 @@ def optional_problem(what: str) -> str | None:
 
 def skip_without(*what: str) -> None:
     """Skip the calling test, with the reason, when one of the optional dependencies ``what`` is missing (a failure
-    instead under BENCH_REQUIRE_OPTIONAL=1)."""
+    instead under BENCH_REQUIRE_OPTIONAL=1, and for Horovod under BENCH_REQUIRE_HOROVOD=1, which the CPU gate sets)."""
     for name in what:
         problem = optional_problem(name)
         if problem is not None:
             if REQUIRE_OPTIONAL:
                 pytest.fail(f"BENCH_REQUIRE_OPTIONAL=1 and {name} cannot be used: {problem}")
+            if name == "horovod" and os.environ.get("BENCH_REQUIRE_HOROVOD") == "1":
+                pytest.fail(f"BENCH_REQUIRE_HOROVOD=1 and horovod cannot be used: {problem}")
             pytest.skip(problem)
 
 

@@ -259,3 +259,16 @@ def test_a_test_that_needs_a_missing_dependency_skips_with_the_reason_or_fails_w
     with pytest.raises(pytest.fail.Exception, match="BENCH_REQUIRE_OPTIONAL=1 and deepspeed cannot be used"):
         conftest.skip_without("deepspeed")
     conftest.skip_without("hta")  # installed here: nothing happens
+    # Horovod: a skip, but a failure where the CPU gate requires it (BENCH_REQUIRE_HOROVOD=1)
+    from backends import horovod
+
+    monkeypatch.setattr(conftest, "REQUIRE_OPTIONAL", False)
+    monkeypatch.setattr(horovod, "problem", lambda: "horovod is not installed (make horovod)")
+    monkeypatch.delenv("BENCH_REQUIRE_HOROVOD", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"^horovod is not installed \(make horovod\)$"):
+        conftest.skip_without("horovod")
+    monkeypatch.setenv("BENCH_REQUIRE_HOROVOD", "1")
+    with pytest.raises(BaseException) as raised:  # a skip here must fail this test, not skip it
+        conftest.skip_without("horovod")
+    assert raised.type is pytest.fail.Exception, raised
+    assert str(raised.value).startswith("BENCH_REQUIRE_HOROVOD=1 and horovod cannot be used: horovod is not installed")

@@ -1,22 +1,12 @@
 """horovod's own tests: a missing build is a clean skip reason, its compression is recorded in every horovod run (and
 only there), and one 2-rank horovodrun over gloo whose every knob is read back from Horovod's own settings in the
 ranks. Its plain 2-rank run is in test_contract.py."""
-import os
 import sys
 
 import pytest
 
 from backends import horovod as hvd_backend
-from tests.conftest import TINY, TINY_WINDOWS, bench_inproc, records
-
-
-def horovod_or_skip():
-    """Skip without the Horovod build, with the reason; fail instead under BENCH_REQUIRE_HOROVOD=1 (CI builds it)."""
-    reason = hvd_backend.problem()
-    if reason:
-        if os.environ.get("BENCH_REQUIRE_HOROVOD") == "1":
-            pytest.fail(f"BENCH_REQUIRE_HOROVOD=1 but {reason}")
-        pytest.skip(reason)
+from tests.conftest import TINY, TINY_WINDOWS, bench_inproc, records, skip_without
 
 
 def test_missing_horovod_is_a_clean_skip_reason(monkeypatch):
@@ -37,7 +27,7 @@ def test_horovod_compression_defaults_to_none_and_is_always_recorded():
 def test_horovod_two_gloo_ranks_fp16_compression_bf16_fusion_and_cycle_time_reach_horovod(results_dir):
     """One 2-rank horovodrun over gloo: identical replicas, the timed and compute-only windows, Horovod's build
     recorded, and every horovod knob read back from Horovod's own settings in the ranks."""
-    horovod_or_skip()
+    skip_without("horovod")
     proc = bench_inproc("run", "--backends", "horovod", "--gpus", 2, *TINY, "--precision", "bf16",
                         "--hvd-compression", "fp16", "--hvd-fusion-mb", 1, "--hvd-cycle-ms", 2.5, "--trace", 1,
                         "--results", results_dir)
