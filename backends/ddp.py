@@ -91,6 +91,8 @@ class DDP(Backend):
         self.local_rank = int(os.environ["LOCAL_RANK"])
         per_gpu = (cfg.options or {}).get(SHARED_GPU) or 1
         self.device = device_for(cfg, self.local_rank // per_gpu)
+        if dist.is_initialized():  # one group already (bench overhead sets one up for every backend it times)
+            return
         if cfg.device_type == "cuda" and per_gpu == 1:  # bind the NCCL communicator to this rank's GPU up front
             dist.init_process_group("nccl", device_id=self.device)
         else:

@@ -16,11 +16,22 @@ fp32 weights, as it does under autocast. fp16 adds a GradScaler (CUDA only).
 ``--compile`` compiles each block before it is sharded, as torchtitan does (``module.compile()``), not the
 whole wrapped model, where FSDP's hooks break the graph at every block; recorded as ``compile: "per block"``.
 
+Resharding after forward (torchtitan's ``apply_fsdp``): at world size 1 never, since a one-rank "shard" is the whole
+parameter and resharding only buys a second copy-in per group in backward; on several ranks every block reshards
+except the last, which backward needs first (FSDP2 would all-gather it again at once), and the root keeps FSDP2's
+default (no reshard). Prefetching is FSDP2's implicit one (backward all-gathers the next block while this one
+computes). Each FSDP2 group costs host time per step whatever its size (its hooks, copy-in and copy-out: about 0.2 ms
+a group on a 2-core CPU, ``bench overhead``), which is why the norm groups below are no more than needed. Recorded in
+``backend_info``: the groups, the reshard policy, the prefetch, the optimizer's implementation.
+
 The compute-only windows run under ``set_requires_gradient_sync(False)``: FSDP2 then accumulates the unsharded
 gradients and leaves the sharded ``.grad`` None (``_fsdp_param_group.py`` post_backward), so the optimizer step
 had nothing to update and GradScaler refused it ("No inf checks were recorded for this optimizer"). There, each
 sharded parameter gets a local zero gradient before the step (no communication), so the step does the same
-arithmetic as a real one; the compute-only weights are never read.
+arithmetic as a real one; the compute-only weights are never read. The unsharded gradients FSDP2 kept are dropped
+after each such step: kept, they would hold the whole model's gradients through the compute-only windows (a
+``--find-max-model`` probe could run out of memory there after its real steps fitted) and accumulate step over step,
+which a real step does not.
 """
 import contextlib
 import dataclasses
@@ -51,7 +62,9 @@ class FSDP2(DDP):
         model = contiguous_parameters(model, cfg)  # fully_shard refuses channels-last parameters
         mesh = init_device_mesh(cfg.device_type, (self.world_size,))
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-        self.norm_fp32_via = shard(model, mesh, dtype, compile=bool((cfg.options or {}).get("compile")))
+        self.reshard = reshard_policy(self.world_size)
+        self.norm_fp32_via, self.groups = shard(model, mesh, dtype, compile=bool((cfg.options or {}).get("compile")),
+                                                reshard=self.reshard)
         self.init_training(cfg, model, cfg.batch_size)  # compile_mode "per block": the root is not compiled again
         self.autocast_dtype = None  # the policy casts; autocast on top would cast again
         self.param_dtype = dtype
@@ -87,13 +100,19 @@ class FSDP2(DDP):
             if p.grad is None:
                 p.grad = zero
         self.optimizer_step()
+        drop_unsharded_grads(self.module)
         return loss.detach()
 
     def describe(self):
         info = super().describe()
+        defaults = self.optimizer.defaults
         info.update(autocast_dtype=None, param_dtype=str(self.param_dtype or torch.float32).removeprefix("torch."),
                     norm_fp32_via=self.norm_fp32_via,
-                    sharded_parameters=sum(1 for p in self.module.parameters() if hasattr(p, "full_tensor")))
+                    sharded_parameters=sum(1 for p in self.module.parameters() if hasattr(p, "full_tensor")),
+                    fsdp_groups=self.groups, reshard_after_forward=self.reshard,
+                    prefetch="implicit (backward: the next block's all-gather beside this block's compute)",
+                    optimizer_impl="fused" if defaults.get("fused") else "foreach" if defaults.get("foreach")
+                    else "for-loop")
         return info
 
     def full_parameters(self):
@@ -102,32 +121,74 @@ class FSDP2(DDP):
             yield name, p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
-def shard(model: torch.nn.Module, mesh, dtype: torch.dtype | None, compile: bool = False) -> str | None:
+def reshard_policy(world_size: int) -> str:
+    """What reshards after forward (module docstring): "never" at world size 1, else "blocks but the last"."""
+    return "never" if world_size == 1 else "blocks but the last"
+
+
+def drop_unsharded_grads(model: torch.nn.Module) -> int:
+    """Free the unsharded gradients FSDP2 keeps while gradient sync is off (a compute-only step); returns their bytes.
+    torch 2.15 keeps them on each FSDPParam's unsharded parameter, older releases also in ``unsharded_accumulated_grad``
+    (a plain attribute there, a read-only view of the former here)."""
+    freed = 0
+    for fsdp_param in fsdp_params(model):
+        unsharded = getattr(fsdp_param, "_unsharded_param", None)
+        if unsharded is not None and unsharded.grad is not None:
+            freed += unsharded.grad.numel() * unsharded.grad.element_size()
+            unsharded.grad = None
+        if fsdp_param.__dict__.get("unsharded_accumulated_grad") is not None:
+            grad = fsdp_param.__dict__["unsharded_accumulated_grad"]
+            freed += grad.numel() * grad.element_size()
+            fsdp_param.unsharded_accumulated_grad = None
+    return freed
+
+
+def fsdp_params(model: torch.nn.Module) -> list:
+    """Every FSDPParam of every FSDP2 group in ``model`` (torch's internals: ``_fsdp_param_groups`` in 2.15, one
+    ``_fsdp_param_group`` per state before)."""
+    out = []
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        if state is None:
+            continue
+        groups = getattr(state, "_fsdp_param_groups", None)
+        groups = groups if groups is not None else [getattr(state, "_fsdp_param_group", None)]
+        out += [p for g in groups if g is not None for p in g.fsdp_params]
+    return out
+
+
+def shard(model: torch.nn.Module, mesh, dtype: torch.dtype | None, compile: bool = False,
+          reshard: str = "blocks but the last") -> tuple[str | None, int]:
     """``fully_shard`` every block (compiled first with ``compile``), then the root, keeping BatchNorm's parameters
-    fp32 under a half ``dtype``. Returns how the norms were kept fp32 (None: no half dtype or no norm)."""
+    fp32 under a half ``dtype``; ``reshard``: ``reshard_policy``'s answer. Returns how the norms were kept fp32 (None:
+    no half dtype or no norm) and the number of FSDP2 groups."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     units = blocks(model)
-    via = None
+    via, groups = None, 0
     if dtype and norms:
         if has_param_dtype_override():
             ids = {id(p) for m in norms for p in m.parameters()}
             policy = dataclasses.replace(policy, param_dtype_override_fn=lambda p: torch.float32 if id(p) in ids else None)
             via = "param_dtype_override_fn"
-        else:  # torch <= 2.14: one fp32 group per block for its norms; their input stays in the compute dtype
+        else:  # torch <= 2.14: one fp32 group per block for its norms; their input stays in the compute dtype. Tiny:
+            # kept unsharded from forward to backward, which saves each its second copy-in
             fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
             for group in norm_groups(norms, units):
-                fully_shard(group, mesh=mesh, mp_policy=fp32)
+                fully_shard(group, mesh=mesh, mp_policy=fp32, reshard_after_forward=False)
+                groups += 1
             via = "fully_shard per block's BatchNorms"
-    for block in units:
+    for i, block in enumerate(units):
         if compile:
             block.compile()  # before fully_shard, as torchtitan's apply_compile does
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+        keep = reshard == "never" or i == len(units) - 1  # backward needs the last block first
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
+        groups += 1
     # the root also returns fp32 logits, so the loss is computed in fp32 as under autocast
     fully_shard(model, mesh=mesh, mp_policy=dataclasses.replace(policy, output_dtype=torch.float32 if dtype else None))
-    return via
+    return via, groups + 1
 
 
 def norm_groups(norms: list[torch.nn.Module], units: list[torch.nn.Module]) -> list[list[torch.nn.Module]]:

@@ -96,9 +96,10 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
             else:
                 sums[1] += correct[keep].sum().double()
             sums[2] += keep.sum()
-    reshard = getattr(model, "reshard", None)
-    if callable(reshard):  # FSDP2 leaves the root's parameters unsharded after a forward with no backward
-        reshard()
+    for module in model.modules():  # FSDP2 leaves the groups that do not reshard after forward (the root, the last
+        reshard = getattr(module, "reshard", None)  # block, every block at world size 1) unsharded after a forward
+        if callable(reshard) and hasattr(module, "_get_fsdp_state"):  # with no backward
+            reshard()
     for d in backend.devices():
         if d.type == "cuda":
             torch.cuda.synchronize(d)

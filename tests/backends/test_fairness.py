@@ -87,8 +87,8 @@ def _fsdp2_norm_groups_and_compile(rank: int) -> dict:
         torch.manual_seed(0)
         model = torchvision.models.resnet18(num_classes=1000)
         fsdp2_module.has_param_dtype_override = lambda: False  # this process only
-        via = fsdp2_module.shard(model, init_device_mesh("cpu", (2,)), torch.bfloat16)
-        out.update(via=via, groups=fsdp_groups(model))
+        via, count = fsdp2_module.shard(model, init_device_mesh("cpu", (2,)), torch.bfloat16)
+        out.update(via=via, groups=fsdp_groups(model), count=count)
         return out
     finally:
         b.teardown()
@@ -178,7 +178,7 @@ def test_fsdp2_old_torch_groups_each_blocks_norms_together(two_ranks):
     assert norm_groups[1] == ["layer1.0.bn1", "layer1.0.bn2"]
     assert norm_groups[3] == ["layer2.0.bn1", "layer2.0.bn2", "layer2.0.downsample.1"]
     assert len(norm_groups) == 9 and sum(map(len, norm_groups)) == 20
-    assert len(seen["groups"]) == 9 + 8 + 1  # norm groups, blocks, root
+    assert len(seen["groups"]) == seen["count"] == 9 + 8 + 1  # norm groups, blocks, root
 
 
 @pytest.mark.slow

@@ -1,0 +1,66 @@
+"""bench overhead: each backend's fixed host cost per step (a negligible model, one process, interleaved rounds),
+and a guard on it: a backend whose cost per step, as a multiple of single's, grows by more than GROWTH over the
+reference measured when it was last looked at fails here, so a change that adds per-step host work (a hook, a copy,
+a collective, a Python loop over parameters) is noticed. The references are ratios to single in the same process, so
+they carry from one CPU to another better than times do; GROWTH leaves room for a loaded machine."""
+import json
+
+import pytest
+
+import backends
+from tests.conftest import bench_inproc, cli_error
+
+# cpu_us_per_step / single's, measured with `bench overhead` (7 rounds of 100 steps) three times on a 2-core x86-64
+# VM beside other work (torch 2.15 CPU); the median of the three
+REFERENCE = {"single": 1.0, "dp": 1.0, "ddp": 1.32, "ddp_spawn": 1.31, "horovod": 1.04, "fsdp2": 3.94,
+             "ds_zero1": 2.0, "ds_zero2": 2.02, "ds_zero3": 5.04, "ddp_zero": 1.44, "allreduce_manual": 1.42}
+GROWTH = 1.75
+
+
+@pytest.fixture(scope="module")
+def overhead(tmp_path_factory):
+    out = tmp_path_factory.mktemp("overhead")
+    proc = bench_inproc("overhead", "--steps", 40, "--rounds", 5, "--results", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = (out / "overhead").glob("*.json")
+    return json.loads(path.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_every_backend_is_timed_beside_single_in_one_record(overhead):
+    rec, out = overhead
+    assert rec["schema"] == "overhead-1" and rec["threads"] == 1 and rec["device_type"] == "cpu"
+    rows = {r["backend"]: r for r in rec["rows"]}
+    assert list(rows) == backends.names()  # single first: the registry's first backend is the baseline
+    for name, row in rows.items():
+        if row["status"] != "ok":
+            assert row["status"] == "skipped" and row["reason"], name  # ddp_amp_syncbn on a CPU; horovod unbuilt
+            continue
+        assert len(row["cpu_s"]) == len(row["wall_s"]) == 5 and row["cpu_us_per_step"] > 0, name
+        assert row["vs_single"] == pytest.approx(row["cpu_us_per_step"] / rows["single"]["cpu_us_per_step"], rel=1e-6)
+        assert row["backend_info"]["grad_scaler"] is False, name
+    assert rows["single"]["vs_single"] == 1.0
+    assert "| backend | host µs / step (CPU) | wall µs / step | vs single | note |" in out
+    assert rows["fsdp2"]["backend_info"]["reshard_after_forward"] == "never"  # world size 1
+    assert rows["fsdp2"]["backend_info"]["fsdp_groups"] == 4  # three blocks and the root
+
+
+@pytest.mark.slow
+def test_no_backend_s_host_cost_per_step_grew_by_more_than_the_stated_factor(overhead):
+    rec, _ = overhead
+    grew = {r["backend"]: round(r["vs_single"] / REFERENCE[r["backend"]], 2) for r in rec["rows"]
+            if r["status"] == "ok" and r["backend"] in REFERENCE}
+    assert set(grew) >= set(REFERENCE) - {"horovod"}, grew  # every backend that runs on a CPU was timed
+    assert {name: g for name, g in grew.items() if g > GROWTH} == {}, grew
+
+
+def test_every_registered_backend_has_a_reference_or_cannot_run_on_a_cpu():
+    # a new backend gets its reference when it is added (bench overhead prints it)
+    assert set(backends.names()) - set(REFERENCE) == {"ddp_amp_syncbn"}
+
+
+def test_bad_input_is_one_line(capsys):
+    code, err = cli_error(capsys, "overhead", "--steps", 0)
+    assert (code, err) == (2, "bench: error: --steps must be a positive integer, got 0\n")
+    code, err = cli_error(capsys, "overhead", "--backends", "nope")
+    assert code == 2 and err.startswith("bench: error: unknown backend nope; choose from single, dp,")
