@@ -272,3 +272,20 @@ def test_a_test_that_needs_a_missing_dependency_skips_with_the_reason_or_fails_w
         conftest.skip_without("horovod")
     assert raised.type is pytest.fail.Exception, raised
     assert str(raised.value).startswith("BENCH_REQUIRE_HOROVOD=1 and horovod cannot be used: horovod is not installed")
+
+
+def test_a_gpt_on_a_gpu_defaults_to_8_sequences_per_device_and_a_resnet_to_64(monkeypatch):
+    """GPT models inherited the GPU's 64 per device: ~13 GB of logits alone for gpt-125m at 1024 tokens, so activations,
+    not the sharded state, decided every comparison."""
+    from bench.commands import _plan
+
+    fake_cuda(monkeypatch, 1)
+    for model, batch, seq in (("gpt-125m", 8, 1024), ("resnet50", 64, None), ("tests.user_model:factory", 64, None)):
+        [cfg], _ = _plan.plan(_plan.parse_run(["--backends", "single", "--gpus", "1", "--model", model]))
+        assert (cfg.batch_size, cfg.seq_len) == (batch, seq), model
+    [cfg], _ = _plan.plan(_plan.parse_run(["--backends", "single", "--gpus", "1", "--model", "gpt-125m",
+                                           "--batch-size", "32"]))
+    assert cfg.batch_size == 32  # given: as given
+    [cfg], _ = _plan.plan(_plan.parse_run(["--backends", "single", "--device", "cpu", "--gpus", "1", "--model",
+                                           "gpt-micro"]))
+    assert cfg.batch_size == 8

@@ -207,7 +207,31 @@ def test_peak_table_matches_nvl_before_sxm(name, precision, peak, form):
     from bench.core import mfu
 
     value, source = mfu.peak_tflops(name, precision)
-    assert value == peak and source.endswith(f"datasheet {form}, dense")
+    assert value == peak and f"datasheet {form}, dense" in source
+
+
+@pytest.mark.parametrize("model,matmul_tf32,peak,mode", [
+    ("resnet18", False, 494.7, "(TF32 tensor cores)"),  # convolutions: cuDNN's TF32 is on by default
+    ("gpt-micro", False, 67.0, "(fp32 CUDA cores: TF32 off)"),  # matmuls: TF32 off by default, the fp32 rate
+    ("gpt-micro", True, 494.7, "(TF32 tensor cores)"),  # torch.backends.cuda.matmul.allow_tf32 = True
+])
+def test_an_fp32_run_is_divided_by_the_peak_its_flops_run_at(monkeypatch, model, matmul_tf32, peak, mode):
+    """An fp32 GPT's matmuls run on the CUDA cores unless TF32 is on for them: divided by the TF32 rate, its MFU could
+    never exceed ~13% on an H100."""
+    from bench.core.config import RunConfig
+    from bench.rank import record
+
+    cfg = RunConfig(backend="single", launcher="inproc", world_size=1, device_type="cuda", model=model, image_size=32,
+                    batch_size=2, warmup=2, steps=1, windows=1, flops_per_sample=1e9).validate()
+    was = torch.backends.cuda.matmul.allow_tf32  # a property of torch's cuBLAS module: set and restored by hand
+    torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+    try:
+        got = record.flops_fields(cfg, [{"device_name": "NVIDIA H100 80GB HBM3"}], 1000.0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+    assert got["peak_tflops_per_device"] == peak and got["peak_tflops_source"].endswith(mode)
+    assert got["tf32"] == {"cudnn": True, "matmul": matmul_tf32}
+    assert got["mfu"] == pytest.approx(1e9 * 1000.0 / (peak * 1e12))
 
 
 # -- eval_throughput: evaluation is warmed up before it is timed --------------------------------------------

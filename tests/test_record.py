@@ -156,11 +156,11 @@ def test_flops_fields():
     cfg = cfg_for(precision="bf16", flops_per_sample=2e9)
     peak, source = mfu.peak_tflops(H100, "bf16")
     assert record.flops_fields(cfg, [{"device_name": H100}, {"device_name": "other"}], 500.0) == {
-        "flops_per_sample": 2e9, "peak_tflops_per_device": peak, "peak_tflops_source": source,
+        "flops_per_sample": 2e9, "peak_tflops_per_device": peak, "peak_tflops_source": source, "tf32": None,
         "mfu": 2e9 * 500.0 / (peak * 1e12 * 2)}
     assert record.flops_fields(cfg, [], 500.0) == {
         "flops_per_sample": 2e9, "peak_tflops_per_device": None, "peak_tflops_source": "no GPU: MFU is for GPUs",
-        "mfu": None}
+        "tf32": None, "mfu": None}
 
 
 def test_compile_seconds_is_what_each_warmup_step_took_beyond_the_last():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import backends
 from bench.commands import _nodes
-from bench.core import knobs
-from bench.core.config import DEFAULTS, ON_OFF, PRECISIONS, RunConfig
+from bench.core import knobs, workloads
+from bench.core.config import DEFAULTS, ON_OFF, PRECISIONS, RunConfig, default_batch
 from bench.core.devices import detect_device
 from bench.core.errors import UsageError
 
@@ -42,7 +42,8 @@ RUN_FLAGS = [
                              "gpt-<size> (README: Workloads) or your own: package.module:factory"}),
         ("--seq-len", {"type": int, "help": "gpt-<size>: tokens per sequence (default 1024 on GPU, 64 on CPU)"}),
         ("--optimizer", {"help": "sgd | adamw (default: sgd for torchvision models, adamw for the others)"}),
-        ("--batch-size", {"type": int, "help": "per-device batch (default 64 on GPU, 8 on CPU)"}),
+        ("--batch-size", {"type": int, "help": "per-device batch (default 64 on GPU, 8 sequences for gpt-<size>; 8 on "
+                                               "CPU)"}),
         ("--image-size", {"type": int, "help": "square input size in px (default 224 on GPU, 64 on CPU)"}),
         ("--warmup", {"type": int, "help": "untimed steps before the first window"}),
         ("--steps", {"type": int, "help": "steps per timed window"}),
@@ -139,7 +140,6 @@ def parse_backends(text: str) -> list[str]:
 def check_model(name: str) -> None:
     import torchvision
 
-    from bench.core import workloads
 
     if workloads.of(name).kind != "vision":  # gpt-<size> (of() checked the size) or package.module:factory
         module, _, factory = name.partition(":")
@@ -182,7 +182,8 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
         cfg = RunConfig(
             backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
             data=args.data, data_dir=args.data_dir, workers=args.workers, loader=args.loader, decode=args.decode,
-            image_size=_pick(args.image_size, d["image_size"]), batch_size=_pick(args.batch_size, d["batch_size"]),
+            image_size=_pick(args.image_size, d["image_size"]),
+            batch_size=_pick(args.batch_size, default_batch(device_type, workloads.of(model).kind)),
             warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
             windows=_pick(args.windows, d["windows"]), precision=precision, timeout=args.timeout,
             options=knobs.options(all_knobs, {k.key for k in backend.knobs}, args), cudnn_benchmark=cudnn_benchmark,
@@ -290,7 +291,6 @@ def loader_unavailable(cfg: RunConfig) -> str | None:
 def workload_flops(model: str, image_size: int | None, seq_len: int | None = None) -> float | None:
     """Training FLOPs per sample (backends/models/flops.py), or None (with a warning when a model cannot be counted)."""
     from backends.models import flops
-    from bench.core import workloads
 
     workload = workloads.of(model, image_size, seq_len)
     if workload.kind == "custom":

@@ -23,6 +23,15 @@ DEFAULTS = {
     "cuda": {"model": "resnet50", "image_size": 224, "batch_size": 64, "warmup": 10, "steps": 10, "windows": 5},
     "cpu": {"model": "resnet18", "image_size": 64, "batch_size": 8, "warmup": 3, "steps": 3, "windows": 5},
 }
+# Per-device batches that fit the workload, where the device's default does not: a GPT's sample is a sequence of 1024
+# tokens on a GPU, and 64 of them would hold ~13 GB of logits alone for gpt-125m, so activations, not the sharded state,
+# would decide every comparison of memory. 8 sequences (8,192 tokens) per device.
+WORKLOAD_BATCH = {("cuda", "language"): 8}
+
+
+def default_batch(device_type: str, kind: str) -> int:
+    """The per-device batch a run gets when --batch-size is not given (docs/command-line.md: defaults)."""
+    return WORKLOAD_BATCH.get((device_type, kind), DEFAULTS[device_type]["batch_size"])
 
 
 @dataclass

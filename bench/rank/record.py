@@ -48,6 +48,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps:
         warmup_step_seconds=warm,
         compile_seconds=compile_seconds(warm) if (cfg.options or {}).get("compile") and warm else None,
         backend_info=per_rank[0].get("backend_info"),
+        numerics=per_rank[0].get("numerics"),  # which dtype norms, attention, the residual stream ran in (numerics.py)
         **eval_fields(per_rank),
         **compute_only_fields(per_rank),
         **energy_fields(per_rank, times, global_batch * cfg.steps, global_batch * cfg.steps * len(times)),
@@ -99,10 +100,15 @@ def energy_fields(per_rank: list[dict], times: list[float], samples_per_window: 
 
 
 def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:
+    """FLOPs, the peak that applies and MFU. An fp32 run's peak is TF32's only where TF32 is on for what its FLOPs
+    run as: cuDNN's flag for a torchvision model (convolutions), the matmul flag for the others (bench/core/mfu.py)."""
     per_sample = cfg.flops_per_sample
     device = memory[0]["device_name"] if memory else None
-    peak, source = mfu.peak_tflops(device, cfg.precision, cfg.peak_tflops)
+    tf32 = {"cudnn": bool(torch.backends.cudnn.allow_tf32), "matmul": bool(torch.backends.cuda.matmul.allow_tf32)}
+    applies = tf32["cudnn"] if cfg.workload.kind == "vision" else tf32["matmul"]
+    peak, source = mfu.peak_tflops(device, cfg.precision, cfg.peak_tflops, tf32=applies)
     return {"flops_per_sample": per_sample, "peak_tflops_per_device": peak, "peak_tflops_source": source,
+            "tf32": tf32 if cfg.device_type == "cuda" else None,
             "mfu": mfu.mfu(per_sample, throughput, peak, cfg.world_size)}
 
 

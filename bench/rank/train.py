@@ -23,6 +23,7 @@ from bench.rank.energy import EnergyMeter, window_energy
 from bench.rank.evaluate import evaluate
 from bench.rank.faults import Fault
 from bench.rank.memory import host_peak_rss, limit_memory, memory_stats, reset_peaks
+from bench.rank.numerics import probe as probe_numerics
 from bench.rank.record import build_record, param_checksum
 from bench.rank.trace import capture, profiler_active, trace_path
 
@@ -93,6 +94,8 @@ def run(spec: dict) -> None:
     if spec.get("trace_steps"):
         lifeline.set_phase("trace")
         trace = capture(backend, spec["trace_steps"], sync, trace_path(spec, backend.rank))
+    lifeline.set_phase("numerics probe")
+    numerics = probe_numerics(backend, compiled=bool((cfg.options or {}).get("compile")))  # one more step, watched
     mine = {
         "rank": backend.rank,
         "window_seconds": timed["seconds"],
@@ -122,6 +125,7 @@ def run(spec: dict) -> None:
         "state_bytes": state,
         "profiler_in_windows": timed["profiler"] or bool(compute_only and compute_only["profiler"]),
         "python_prefix": sys.prefix,  # the environment this rank imported from (the launcher's interpreter)
+        "numerics": numerics,
     }
     lifeline.set_phase("gathering the record")
     gathered = backend.all_gather(mine)

@@ -23,15 +23,16 @@ def shard_calls(monkeypatch, model, dtype, override=True, compile=False):
 
     calls, mesh = [], object()
 
-    def fully_shard(module, mesh=None, mp_policy=None):
-        calls.append((module, mesh, mp_policy))
+    def fully_shard(module, mesh=None, mp_policy=None, reshard_after_forward=None):
+        calls.append((module, mesh, mp_policy, reshard_after_forward))
 
     monkeypatch.setattr(fsdp_module, "fully_shard", fully_shard)
     monkeypatch.setattr(fsdp2, "has_param_dtype_override", lambda: override)
     for block in fsdp2.blocks(model):
         monkeypatch.setattr(block, "compile", lambda block=block: calls.append(("compiled", block)))
-    via = fsdp2.shard(model, mesh, dtype, compile=True) if compile else fsdp2.shard(model, mesh, dtype)
+    via, groups = fsdp2.shard(model, mesh, dtype, compile=True) if compile else fsdp2.shard(model, mesh, dtype)
     assert all(c[1] is mesh for c in calls if c[0] != "compiled")
+    assert groups == sum(c[0] != "compiled" for c in calls)
     return via, calls
 
 
@@ -41,7 +42,10 @@ def test_fsdp2_gathers_in_the_half_dtype_reduces_in_fp32_and_keeps_norms_fp32(mo
     via, calls = shard_calls(monkeypatch, model, torch.bfloat16)
     assert via == "param_dtype_override_fn"
     assert [c[0] for c in calls] == blocks + [model]  # every block, then the root
-    for _, _, policy in calls:
+    # several ranks (shard's default): every block reshards after forward but the last, which backward needs first;
+    # the root keeps FSDP2's own default
+    assert [c[3] for c in calls] == [True, False, None]
+    for _, _, policy, _ in calls:
         assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
         norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d) for p in m.parameters()}
         assert {policy.param_dtype_override_fn(p) for p in model.parameters() if id(p) in norms} == {torch.float32}
@@ -55,10 +59,11 @@ def test_fsdp2_on_old_torch_shards_each_blocks_norms_in_fp32_first(monkeypatch):
     assert via == "fully_shard per block's BatchNorms"
     groups = [[model[2].bn1, model[2].bn2], [model[3].bn1, model[3].bn2], [model[1]]]  # blocks' norms, then the rest
     assert [c[0] for c in calls] == groups + [model[2], model[3], model]
-    for _, _, policy in calls[:3]:
+    assert [c[3] for c in calls] == [False, False, False, True, False, None]  # the tiny norm groups never reshard
+    for _, _, policy, _ in calls[:3]:
         assert (policy.param_dtype, policy.reduce_dtype, policy.cast_forward_inputs) == (torch.float32, torch.float32,
                                                                                           False)
-    for _, _, policy in calls[3:]:
+    for _, _, policy, _ in calls[3:]:
         assert (policy.param_dtype, policy.reduce_dtype) == (torch.float16, torch.float32)
         assert policy.param_dtype_override_fn is None
 
@@ -72,6 +77,20 @@ def test_fsdp2_fp32_has_no_policy_and_compiles_each_block_before_sharding_it(mon
         ("compiled", b1), ("shard", b1), ("compiled", b2), ("shard", b2), ("shard", model)]
     for policy in (c[2] for c in calls if c[0] != "compiled"):
         assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (None, None, None)
+
+
+def test_fsdp2_reshards_nothing_at_world_size_1(monkeypatch):
+    """A one-rank shard is the whole parameter: resharding after forward only adds a second copy-in in backward."""
+    import torch.distributed.fsdp as fsdp_module
+
+    calls = []
+    monkeypatch.setattr(fsdp_module, "fully_shard", lambda module, **kw: calls.append(kw["reshard_after_forward"]
+                                                                                      if "reshard_after_forward" in kw
+                                                                                      else "default"))
+    assert fsdp2.reshard_policy(1) == "never" and fsdp2.reshard_policy(2) == "blocks but the last"
+    model = norm_model()
+    assert fsdp2.shard(model, object(), None, reshard="never") == (None, 3)
+    assert calls == [False, False, "default"]
 
 
 def test_fsdp2_norm_groups_and_blocks():

@@ -17,6 +17,17 @@ def bucket(info: dict) -> str | None:
     return None
 
 
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def numerics(info: dict) -> str | None:
+    """What the norms and the residual stream ran in (the run's ``numerics``: autocast keeps them fp32, FSDP2's and
+    DeepSpeed's half parameters make them half)."""
+    got = info.get("_numerics") or {}
+    parts = [f"{k} {SHORT.get(got[k], got[k])}" for k in ("norm", "residual") if got.get(k)]
+    return ", ".join(parts) or None
+
+
 def yes_no(value) -> str | None:
     return None if value is None else "on" if value else "off"
 
@@ -31,6 +42,7 @@ COLUMNS = [
     ("params as bucket view", lambda i: yes_no(i.get("parameters_as_bucket_view"))),
     ("norms fp32 via", lambda i: i.get("norm_fp32_via")),
     ("compile", lambda i: i.get("compile")),
+    ("norms, residual in", numerics),
 ]
 
 
@@ -44,6 +56,7 @@ def section(summary_rows: list[dict]) -> list[str]:
         for rec in r["_recs"]:
             info = rec.get("backend_info") if rec.get("status") == "ok" else None
             if info:
+                info = {**info, "_numerics": rec.get("numerics")}
                 for cell, (_, read) in zip(cells, COLUMNS):
                     value = read(info)
                     if value is not None:

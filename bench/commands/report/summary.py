@@ -72,13 +72,21 @@ def summarise(recs: list[dict]):
         row.update(peak_reserved_max_gib=gib(peak("reserved")), peak_allocated_max_gib=gib(peak("allocated")),
                    warmup_peak_reserved_max_gib=gib(peak("warmup_reserved")), host_rss_max_gib=gib(max(rss, default=None)),
                    memory_imbalance=max([x for x in imb if x is not None], default=None),
-                   skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples)
+                   skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples,
+                   numerics=numerics(ok))
         row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
         rows.append(row)
     dp_imbalance_from_cudnn_off(rows)
     from bench.commands.report import caution
 
     return caution.attach(nones(add_efficiency(nones(pd.DataFrame(rows)))))
+
+
+def numerics(ok: list[dict]) -> str | None:
+    """What the configuration's runs computed in which dtype (bench/rank/numerics.py's signature); None where no record
+    says (older records, --compile), "mixed" where its runs disagree."""
+    sigs = {(r.get("numerics") or {}).get("signature") for r in ok} - {None}
+    return sigs.pop() if len(sigs) == 1 else ("mixed" if sigs else None)
 
 
 def dp_imbalance_from_cudnn_off(rows: list[dict]) -> None:

@@ -110,6 +110,17 @@ def cost(alt: dict, best: dict) -> str:
     return ", ".join(parts)
 
 
+def differs(a: dict, b: dict) -> bool:
+    """Whether two rows' runs computed in different dtypes (both known)."""
+    return bool(a.get("numerics") and b.get("numerics")) and a["numerics"] != b["numerics"]
+
+
+def numerics_diff(a: dict, b: dict) -> str:
+    """What ``a`` computes differently from ``b``: "norm bfloat16, residual bfloat16"."""
+    theirs = set(b["numerics"].split(", "))
+    return ", ".join(p for p in a["numerics"].split(", ") if p not in theirs) or a["numerics"]
+
+
 def title(r: dict) -> str:
     unit = "GPU" if r["device_type"] == "cuda" else "CPU worker"
     n = r["world_size"]
@@ -129,10 +140,12 @@ def verdicts(rows: list[dict]) -> list[dict]:
         if not ok:
             continue
         best, rest = ok[0], ok[1:]
+        unlike = [r for r in rest if differs(r, best)]  # another arithmetic, not another backend's speed
         tied = [best] + [r for r in rest if overlap(r, best)]
         across_runs = all(r["interval"] != WITHIN_RUN for r in ok)  # within-run intervals miss the run-to-run spread
         disturbed = [r for r in ok if r.get("runs_disturbed")]  # another process used the machine while timed
-        v = {"title": title(best), "established": len(tied) == 1 and bool(rest) and across_runs and not disturbed,
+        v = {"title": title(best),
+             "established": len(tied) == 1 and bool(rest) and across_runs and not disturbed and not unlike,
              "best": label(best), "evidence": [], "alternatives": [], "warnings": caution.lines(g)}
         if not rest:
             v["headline"] = f"Only {label(best)} ran here: nothing to compare it with."
@@ -144,6 +157,13 @@ def verdicts(rows: list[dict]) -> list[dict]:
                              "(other processes used the machine while they were timed), so "
                              f"{'their' if runs > 1 else 'its'} figures are not to be believed; fastest by the "
                              f"medians: {label(best)}. Re-run on a quiet machine (`bench run --wait-quiet`).")
+            v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
+        elif unlike:
+            v["headline"] = (f"No like-for-like winner: the fastest, {label(best)}, computes {numerics_diff(best, unlike[0])} "
+                             f"where {', '.join(label(r) for r in unlike)} "
+                             f"{'compute' if len(unlike) > 1 else 'computes'} {numerics_diff(unlike[0], best)}: "
+                             "different arithmetic at the same precision flag (docs/measuring.md, Numerics), so its "
+                             "speed is not the backend's alone; compare backends that compute alike.")
             v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
         elif len(tied) == 1 and not across_runs:
             v["headline"] = (f"Fastest here: {label(best)}, but no winner established: with one run per configuration "
@@ -158,7 +178,9 @@ def verdicts(rows: list[dict]) -> list[dict]:
             v["headline"] = (f"No winner established: the 95% intervals of {names} overlap, so their difference is "
                              "not established (choose among them on memory or convenience, or repeat with more runs).")
             v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
-        v["alternatives"] = [f"{label(r)}: {cost(r, best)}" for r in rest]
+        v["alternatives"] = [f"{label(r)}: {cost(r, best)}"
+                             + (f"; computes {numerics_diff(r, best)} (not like with like)" if differs(r, best) else "")
+                             for r in rest]
         v["alternatives"] += [f"{label(r)}: {r['status']} ({r['reason'] or 'no reason recorded'})" for r in not_ok]
         caveats = []
         if best["device_type"] == "cpu":
