@@ -51,6 +51,7 @@ class Backend:
     batchnorm = "local"
     knobs: tuple[Knob, ...] = COMMON_KNOBS  # the cfg.options this backend honours; any other makes its run "skipped"
     input_dtype = None  # the dtype the model is fed (None: the batch's own); DeepSpeed's fp16/bf16 cast the model
+    meta_init = False  # whether cfg.meta_init builds only this rank's shard (FSDP2); otherwise the whole model
 
     def __init__(self, name: str, launcher: str, **params):
         self.name, self.launcher, self.params = name, launcher, params

@@ -53,18 +53,27 @@ def has_param_dtype_override() -> bool:
 class FSDP2(DDP):
     knobs = COMMON_KNOBS  # DDP's process-group plumbing, none of its knobs
     compile_mode = "per block"
+    meta_init = True  # --find-max-model's probes build on the meta device (setup)
 
     def setup(self, cfg):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.init_process_group(cfg)
-        model = build_model(cfg).to(self.device)
+        if cfg.meta_init:  # --find-max-model: never the whole model in this rank's host or device memory
+            with torch.device("meta"):
+                model = build_model(cfg)
+        else:
+            model = build_model(cfg).to(self.device)
         model = contiguous_parameters(model, cfg)  # fully_shard refuses channels-last parameters
         mesh = init_device_mesh(cfg.device_type, (self.world_size,))
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self.reshard = reshard_policy(self.world_size)
         self.norm_fp32_via, self.groups = shard(model, mesh, dtype, compile=bool((cfg.options or {}).get("compile")),
                                                 reshard=self.reshard)
+        self.init = "meta device, each rank's shard materialised" if cfg.meta_init else "seeded, whole model per rank"
+        if cfg.meta_init:
+            model.to_empty(device=self.device)
+            materialise(model)
         self.init_training(cfg, model, cfg.batch_size)  # compile_mode "per block": the root is not compiled again
         self.autocast_dtype = None  # the policy casts; autocast on top would cast again
         self.param_dtype = dtype
@@ -109,7 +118,7 @@ class FSDP2(DDP):
         info.update(autocast_dtype=None, param_dtype=str(self.param_dtype or torch.float32).removeprefix("torch."),
                     norm_fp32_via=self.norm_fp32_via,
                     sharded_parameters=sum(1 for p in self.module.parameters() if hasattr(p, "full_tensor")),
-                    fsdp_groups=self.groups, reshard_after_forward=self.reshard,
+                    fsdp_groups=self.groups, reshard_after_forward=self.reshard, init=self.init,
                     prefetch="implicit (backward: the next block's all-gather beside this block's compute)",
                     optimizer_impl="fused" if defaults.get("fused") else "foreach" if defaults.get("foreach")
                     else "for-loop")
@@ -119,6 +128,25 @@ class FSDP2(DDP):
         """The whole model's parameters: every rank all-gathers each DTensor (a collective, in order)."""
         for name, p in self.module.named_parameters():
             yield name, p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def materialise(model: torch.nn.Module) -> None:
+    """Fill the shards ``to_empty`` left uninitialised as the workloads initialise (GPT-2's N(0, 0.02) for matrices,
+    ones for norm weights, zeros for biases), each rank its own shard with its own random values: for memory probes,
+    whose values only need to be finite (a NaN would make GradScaler skip every step and AdamW never allocate its
+    state)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if p.dim() >= 2:
+                local.normal_(0.0, 0.02)
+            elif name.endswith("weight"):
+                local.fill_(1.0)
+            else:
+                local.zero_()
+        for name, buf in model.named_buffers():  # BatchNorm's running statistics
+            if buf.is_floating_point():
+                buf.fill_(1.0) if name.endswith("running_var") else buf.zero_()
 
 
 def reshard_policy(world_size: int) -> str:

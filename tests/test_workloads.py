@@ -253,6 +253,41 @@ def test_the_model_search_walks_the_ladder_up_to_the_first_size_that_does_not_fi
     assert row["capped"] and _maxmodel.describe(row).endswith("the ladder's largest: nothing ran out of memory")
 
 
+def test_a_rung_the_host_cannot_even_build_is_not_launched(monkeypatch):
+    """Every rank built the whole fp32 model on the host before sharding it: ~27 GB per rank for gpt-6.7b, 216 GB with 8
+    ranks. A rung whose build does not fit the host's available memory stops the walk with that reason, unlaunched;
+    FSDP2's probes build only their shard (meta_init) and need a world size's share of it."""
+    import psutil
+
+    from bench.commands import _maxmodel
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("vm", (), {"available": 60 * 2 ** 30})())
+    ddp = cfg_for("gpt-1.3b", backend="ddp", launcher="torchrun", world_size=8, seq_len=1024)
+    fsdp2 = cfg_for("gpt-1.3b", backend="fsdp2", launcher="torchrun", world_size=8, seq_len=1024)
+    params = workloads.gpt_parameters("gpt-6.7b", 1024)
+    assert _maxmodel.host_need(ddp, "gpt-6.7b") == (int(1.25 * 8 * 4 * params), "model")
+    assert _maxmodel.host_need(fsdp2, "gpt-6.7b") == (int(1.25 * 8 * 4 * params / 8), "shard")
+    asked = []
+
+    def probe(model):
+        asked.append(model)
+        return {"status": "ok", "reason": None, "run_id": model, "state_bytes": None}
+
+    row = _maxmodel.search(ddp, ["gpt-1.3b", "gpt-2.7b", "gpt-6.7b"], probe)
+    assert asked == ["gpt-1.3b"]  # gpt-2.7b x 8 ranks (~100 GiB to build) is not launched on 60 GiB
+    assert (row["max_model"], row["capped"], row["error"]) == ("gpt-1.3b", False, None)
+    assert row["host_limit"] == ("host memory: building gpt-2.7b takes ~98.7 GiB here (8 rank(s) x the fp32 model), "
+                                 "60.0 GiB available; not launched")
+    assert _maxmodel.describe(row) == f"gpt-1.3b ({row['max_parameters'] / 1e6:,.1f} M parameters); the next size " \
+                                      + row["host_limit"]
+    asked.clear()
+    row = _maxmodel.search(fsdp2, ["gpt-1.3b", "gpt-2.7b", "gpt-6.7b"], probe)
+    assert asked == ["gpt-1.3b", "gpt-2.7b", "gpt-6.7b"] and row["capped"] and row["host_limit"] is None
+    from bench.launch import default_timeout
+
+    assert _maxmodel.probe_timeout(ddp, "gpt-6.7b") == pytest.approx(default_timeout(ddp) + 60 * params / 1e9)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--ladder", "gpt-tiny,gpt-micro"], "bench: error: --ladder gpt-tiny,gpt-micro: give each size once, smallest "
                                          "first"),
@@ -292,6 +327,10 @@ def test_find_max_model_on_two_ranks_measures_the_shards_and_the_report_shows_th
     assert max(s["parameters"] for s in fsdp2) < 0.55 * 4 * params
     assert max(s["optimizer_state"] for s in fsdp2) < 0.55 * ddp[0]["optimizer_state"]
     assert "largest model that trains: gpt-tiny (5.3 M parameters), the ladder's largest" in proc.stdout
+    # FSDP2's probes never hold the whole model on a rank: built on the meta device, each rank materialises its shard
+    inits = {json.loads(p.read_text())["backend"]: json.loads(p.read_text())["backend_info"].get("init")
+             for p in (raw / "maxmodel").glob("*.json") if not p.name.startswith("summary")}
+    assert inits == {"ddp": None, "fsdp2": "meta device, each rank's shard materialised"}
     out = tmp_path / "rep"
     write(tmp_path, make("ddp", 2, 100.0, device="cpu"))  # a report needs a timed record beside the summary
     assert run_report(raw, out)[0] == 0

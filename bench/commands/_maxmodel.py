@@ -36,10 +36,48 @@ def ladder(text: str | None, device_type: str) -> list[str]:
     return names
 
 
+# Building the model: the ranks of this machine each build the whole fp32 model on the host (replicas, and ZeRO-3,
+# which partitions after building), or only their shard (a backend that honours meta_init: FSDP2). A rung whose build
+# would not fit the host's available memory is not launched (it would swap or be killed by the OOM killer, and say
+# nothing about the GPUs); HOST_MARGIN covers the copy a build makes on its way to the device.
+HOST_MARGIN = 1.25
+S_PER_BILLION = 60.0  # a probe's time limit grows with the model: building and initialising it on the host
+
+
+def host_need(cfg, model: str) -> tuple[int, str]:
+    """Bytes of host memory this machine's ranks need to build ``model`` for ``cfg``'s backend, and what each builds."""
+    import backends
+
+    whole = 4 * workloads.gpt_parameters(model, cfg.seq_len)
+    if getattr(backends.backend_class(cfg.backend), "meta_init", False):
+        return int(HOST_MARGIN * cfg.nproc_per_node * whole / cfg.world_size), "shard"
+    return int(HOST_MARGIN * cfg.nproc_per_node * whole), "model"
+
+
+def host_shortfall(cfg, model: str) -> str | None:
+    """Why ``model`` cannot even be built on this host (one line), or None."""
+    import psutil
+
+    (need, what), have = host_need(cfg, model), psutil.virtual_memory().available
+    if need <= have:
+        return None
+    return (f"host memory: building {model} takes ~{need / 2 ** 30:,.1f} GiB here ({cfg.nproc_per_node} rank(s) x the "
+            f"fp32 {what}), {have / 2 ** 30:,.1f} GiB available; not launched")
+
+
+def probe_timeout(cfg, model: str) -> float:
+    from bench.launch import default_timeout
+
+    return default_timeout(cfg) + S_PER_BILLION * workloads.gpt_parameters(model, cfg.seq_len) / 1e9
+
+
 def search(cfg, sizes: list[str], probe) -> dict:
-    """Walk ``sizes`` upwards with ``probe(model) -> record`` until one does not fit."""
-    tried, best = [], None
+    """Walk ``sizes`` upwards with ``probe(model) -> record`` until one does not fit (or cannot be built here)."""
+    tried, best, limit = [], None, None
     for model in sizes:
+        limit = host_shortfall(cfg, model)
+        if limit:
+            break
         rec = probe(model)
         status = _probe.outcome(rec)
         tried.append({"model": model, "parameters": workloads.gpt_parameters(model, cfg.seq_len), "result": status,
@@ -48,12 +86,13 @@ def search(cfg, sizes: list[str], probe) -> dict:
         if status != "fits":
             break
         best = model
-    last = tried[-1]
+    last = tried[-1] if tried else {}
     return {"backend": cfg.backend, "world_size": cfg.world_size, "precision": cfg.precision,
             "optimizer": cfg.optimizer, "seq_len": cfg.seq_len, "batch_per_device": cfg.batch_size,
             "device_type": cfg.device_type, "options": cfg.options, "max_model": best,
             "max_parameters": workloads.gpt_parameters(best, cfg.seq_len) if best else None,
-            "capped": last["result"] == "fits", "error": last["reason"] if last["result"] == "error" else None,
+            "capped": not limit and last["result"] == "fits",
+            "error": last["reason"] if tried and last["result"] == "error" else None, "host_limit": limit,
             "probes": tried}
 
 
@@ -64,7 +103,8 @@ def run(configs, sizes: list[str], results_dir: Path, env_meta: dict, memory_lim
         "maxmodel", configs, results_dir, env_meta, memory_limit_gib, say, empty=search_row_skipped,
         start=lambda cfg: (f"{', '.join(sizes)} at batch {cfg.batch_size}/device, seq {cfg.seq_len}, "
                            f"{cfg.optimizer}"),
-        search=lambda cfg, probe: search(cfg, sizes, lambda model: probe(model, model=model, flops_per_sample=None)),
+        search=lambda cfg, probe: search(cfg, sizes, lambda model: probe(
+            model, model=model, flops_per_sample=None, meta_init=True, timeout=probe_timeout(cfg, model))),
         done=lambda row: f"largest model that trains: {describe(row)}", summary={"ladder": sizes})
 
 
@@ -72,7 +112,7 @@ def search_row_skipped(cfg) -> dict:
     return {"backend": cfg.backend, "world_size": cfg.world_size, "precision": cfg.precision,
             "optimizer": cfg.optimizer, "seq_len": cfg.seq_len, "batch_per_device": cfg.batch_size,
             "device_type": cfg.device_type, "options": cfg.options, "max_model": None, "max_parameters": None,
-            "capped": False, "error": None, "probes": []}
+            "capped": False, "error": None, "host_limit": None, "probes": []}
 
 
 def describe(row: dict) -> str:
@@ -81,6 +121,8 @@ def describe(row: dict) -> str:
     size = f"{row['max_model']} ({row['max_parameters'] / 1e6:,.1f} M parameters)" if row["max_model"] else None
     if row["error"]:
         return f"error: {row['error']}" + (f" (fits {size})" if size else "")
+    if row.get("host_limit"):
+        return f"{size or 'nothing'}; the next size {row['host_limit']}"
     if size is None:
         return "not even the smallest size fits"
     return f"{size}, the ladder's largest: nothing ran out of memory" if row["capped"] else size

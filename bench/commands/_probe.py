@@ -20,7 +20,7 @@ def sweep(kind: str, configs, results_dir: Path, env_meta: dict, memory_limit_gi
           empty, start, search, done, summary: dict) -> list[dict]:
     """Search every configuration. ``empty(cfg)``: a skipped configuration's row; ``start(cfg)``: the line that opens
     its search; ``search(cfg, probe)``: its row, where ``probe(label, **change)`` runs ``cfg`` with ``change`` and
-    returns the record; ``done(row)``: the line that closes it; ``summary``: the summary file's own fields."""
+    returns the record (``timeout``: its own limit); ``done(row)``: the line that closes it; ``summary``: the summary file's own fields."""
     import backends
     from bench import launch
     from bench.commands._plan import loader_unavailable
@@ -38,9 +38,9 @@ def sweep(kind: str, configs, results_dir: Path, env_meta: dict, memory_limit_gi
             continue
         least = max(MIN_WARMUP, backend.min_warmup(cfg)[0])
 
-        def probe(label, cfg=cfg, backend=backend, least=least, **change):
+        def probe(label, cfg=cfg, backend=backend, least=least, timeout=None, **change):
             short = dataclasses.replace(cfg, warmup=least, steps=1, windows=1, eval=False, **change)
-            rec = launch.run_one(short, out, env_meta, backend, memory_limit_gib=memory_limit_gib)
+            rec = launch.run_one(short, out, env_meta, backend, memory_limit_gib=memory_limit_gib, timeout=timeout)
             say(f"    {label}: {'fits' if rec['status'] == 'ok' else rec['reason'][:120]}")
             return rec
 

@@ -66,6 +66,10 @@ class RunConfig:
     peak_tflops: float | None = None  # --peak-tflops: the device's dense peak, overriding bench.rank.mfu.PEAKS
     seq_len: int | None = None  # gpt-<size>: tokens per sample (bench/core/workloads.py)
     optimizer: str | None = None  # sgd | adamw; None: the workload's default (Workload.default_optimizer)
+    # --find-max-model's probes: a backend that shards its parameters (FSDP2) builds the model on the meta device and
+    # materialises only its own shard, filled with the workload's initialisation but not the seeded values (the
+    # probe measures memory, not training); the others build the whole model, as always
+    meta_init: bool = False
 
     def validate(self) -> "RunConfig":
         kind = self.workload.kind
