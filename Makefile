@@ -72,7 +72,7 @@ install: venv horovod
 
 # The default suite on synthetic data on every device found; GPUS=N sweeps 1, 2, 4, ... up to N.
 # Every run also measures its compute-only reference (exposed communication); a short collectives sweep gives
-# the bus bandwidth the report and `bench predict` use.
+# the bus bandwidth the report and `bench predict` use; `bench overhead` each backend's host cost per step.
 # With DATA, the same sweep also runs on synthetic data (the model alone) and `bench loader` measures every
 # loader's ceiling (no model), so the report's "Input bound" section can compare the three.
 COLLECTIVES_ARGS ?=
@@ -83,6 +83,7 @@ bench: install
 	  $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS) || status=1; \
 	fi; \
 	$(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS) || status=1; \
+	$(PY) -m bench overhead --results $(RESULTS) || status=1; \
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
 
 # Training equivalence (README: "Verifying the backends"): every backend trains K steps on the same data and

@@ -54,6 +54,23 @@ def test_no_backend_s_host_cost_per_step_grew_by_more_than_the_stated_factor(ove
     assert {name: g for name, g in grew.items() if g > GROWTH} == {}, grew
 
 
+@pytest.mark.slow
+def test_the_report_shows_the_newest_overhead_record(overhead, tmp_path):
+    from tests.test_report import make, run_report, write
+
+    rec, _ = overhead
+    raw = write(tmp_path, make("ddp", 2, 100.0, device="cpu"))
+    (raw / "overhead").mkdir()
+    (raw / "overhead" / "20260101T000000Z-old.json").write_text(json.dumps({**rec, "model": "an older one"}))
+    (raw / "overhead" / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    assert run_report(raw, tmp_path / "rep")[0] == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    section = md.split("## Host overhead per step (bench overhead)\n", 1)[1]
+    assert "backends.models.overhead:factory at batch 4" in section.split("\n\n")[0]
+    assert "| backend | host µs / step (CPU) | wall µs / step | vs single | note |" in section
+    assert "| single |" in section and "| 1.00 |" in section
+
+
 def test_every_registered_backend_has_a_reference_or_cannot_run_on_a_cpu():
     # a new backend gets its reference when it is added (bench overhead prints it)
     assert set(backends.names()) - set(REFERENCE) == {"ddp_amp_syncbn"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench.core import environment
+from bench.core import environment, overhead
 from bench.core.errors import UsageError
 
 DEFAULTS = {"steps": 100, "rounds": 7, "warmup": 10, "batch": 4}
@@ -63,19 +63,5 @@ def cmd_overhead(args) -> int:
     if rec["status"] != "ok":
         print(f"overhead: {rec['status']}: {rec['reason']}", file=sys.stderr)
         return 1
-    print(table(rec))
+    print(overhead.table(rec))
     return 0
-
-
-def table(rec: dict) -> str:
-    """The record as a Markdown table: µs per step (CPU time), wall time, the ratio to single's."""
-    from bench.core.text import md_table
-
-    rows = []
-    for r in rec["rows"]:
-        if r["status"] != "ok":
-            rows.append([r["backend"], None, None, None, f"{r['status']}: {r['reason']}"])
-            continue
-        rows.append([r["backend"], f"{r['cpu_us_per_step']:,.0f}", f"{r['wall_us_per_step']:,.0f}",
-                     None if r["vs_single"] is None else f"{r['vs_single']:.2f}", ""])
-    return md_table(["backend", "host µs / step (CPU)", "wall µs / step", "vs single", "note"], rows, {1, 2, 3})

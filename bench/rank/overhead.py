@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 from bench.core.config import RunConfig
+from bench.core.overhead import OVERHEAD_SCHEMA
 from bench.core.results import utc_now, write_json_atomic
-
-OVERHEAD_SCHEMA = "overhead-1"
 
 
 def run_rank(spec: dict) -> None:

@@ -29,6 +29,7 @@ from bench.commands.report.equivalence import eval_table
 from bench.commands.report.equivalence import section as equivalence_section
 from bench.commands.report.headroom import section as headroom_section
 from bench.commands.report.maxmodel import section as maxmodel_section
+from bench.commands.report.overhead import section as overhead_section
 from bench.commands.report.inputbound import section as input_bound_section
 from bench.commands.report.plots import plot_workload
 from bench.commands.report.settings import section as settings_section
@@ -97,7 +98,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
         md += ["### Skipped and failed runs", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
-    md += settings_section(rows) + timeline_section(rows, out)
+    md += settings_section(rows) + overhead_section(src, warn) + timeline_section(rows, out)
     md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) \
         + maxmodel_section(src, out, warn) + equivalence_section(src, warn) \
         + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)

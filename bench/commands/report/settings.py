@@ -42,6 +42,8 @@ COLUMNS = [
     ("params as bucket view", lambda i: yes_no(i.get("parameters_as_bucket_view"))),
     ("norms fp32 via", lambda i: i.get("norm_fp32_via")),
     ("compile", lambda i: i.get("compile")),
+    ("FSDP2 groups, reshard", lambda i: f"{i['fsdp_groups']}, {i['reshard_after_forward']}"
+     if i.get("fsdp_groups") is not None else None),
     ("norms, residual in", numerics),
 ]
 
