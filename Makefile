@@ -76,14 +76,22 @@ install: venv horovod
 # With DATA, the same sweep also runs on synthetic data (the model alone) and `bench loader` measures every
 # loader's ceiling (no model), so the report's "Input bound" section can compare the three.
 COLLECTIVES_ARGS ?=
+# Each step's command is printed, then run (not the shell block that strings them together).
 bench: install
-	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS); status=$$?; \
+	@status=0; \
+	echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS))'; \
+	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS) || status=$$?; \
 	if [ -n "$(DATA)" ]; then \
+	  echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(ARGS))'; \
 	  $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(ARGS) || status=1; \
+	  echo '$(strip $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS))'; \
 	  $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS) || status=1; \
 	fi; \
+	echo '$(strip $(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS))'; \
 	$(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS) || status=1; \
+	echo '$(PY) -m bench overhead --results $(RESULTS)'; \
 	$(PY) -m bench overhead --results $(RESULTS) || status=1; \
+	echo '$(PY) -m bench report --results $(RESULTS) --out $(REPORT)'; \
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
 
 # Training equivalence (README: "Verifying the backends"): every backend trains K steps on the same data and
@@ -105,12 +113,14 @@ list: venv
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 XDIST     := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadscope)
 test: install
+	@echo '$(strip $(PY) -m pytest -q -rs $(XDIST) tests $(ARGS))'; \
 	$(PY) -m pytest -q -rs $(XDIST) tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
 # The inner loop: the tests that launch no run, start no process group and train nothing (tests/conftest.py refuses
 # all three under BENCH_TEST_FAST=1, so a test that needs `@pytest.mark.slow` fails here instead of slowing it down).
 test-fast: venv
+	@echo '$(strip BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs $(XDIST) -m "not slow and not gpu" tests $(ARGS))'; \
 	BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs $(XDIST) -m "not slow and not gpu" tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; fi; exit $$status
 

@@ -75,6 +75,12 @@ class Backend:
                     f"(it honours: {', '.join(sorted(k.flag for k in self.knobs)) or 'none'})")
         return None
 
+    max_world_size: int | None = None  # the largest world size it runs at (single: 1); None: any
+
+    def world_size_limit(self, device_type: str) -> int | None:
+        """The largest world size this backend runs at on ``device_type`` (None: any); a sweep plans no larger."""
+        return self.max_world_size
+
     def planned_runs(self, device_type: str, world_size: int, cudnn_benchmark: bool | None) -> list[tuple]:
         """The runs a sweep plans of this backend at ``world_size``: (cudnn_benchmark, note) each; ``cudnn_benchmark``
         is the user's (None: not given). One by default; DataParallel adds a labelled variant."""

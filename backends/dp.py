@@ -50,6 +50,9 @@ CUDNN_OFF_NOTE = ("labelled variant with cudnn.benchmark off: cuDNN's benchmark 
 class DataParallel(Backend):
     knobs = ()  # no common knob: REFUSED says why
 
+    def world_size_limit(self, device_type):
+        return 1 if device_type == "cpu" else None  # one process, no replicas on a CPU: world size 1 only
+
     def planned_runs(self, device_type, world_size, cudnn_benchmark):
         runs = super().planned_runs(device_type, world_size, cudnn_benchmark)
         if device_type == "cuda" and world_size >= 2 and cudnn_benchmark is None:

@@ -12,7 +12,7 @@ import backends
 from bench.commands import _nodes
 from bench.core import knobs, workloads
 from bench.core.config import DEFAULTS, ON_OFF, PRECISIONS, RunConfig, default_batch
-from bench.core.devices import detect_device
+from bench.core.devices import detect_device, usable_cpus
 from bench.core.errors import UsageError
 
 CPU_DEFAULT_MAX_WORKERS = 4
@@ -130,10 +130,15 @@ def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, presen
 
 
 def parse_backends(text: str) -> list[str]:
+    import difflib
+
     names = [x.strip() for x in text.split(",") if x.strip()] if text != "all" else backends.names()
     unknown = [n for n in names if n not in backends.REGISTRY]
     if unknown or not names:
-        raise UsageError(f"unknown backend {', '.join(unknown) or repr(text)}; choose from {', '.join(backends.names())}")
+        near = [m for n in unknown for m in difflib.get_close_matches(n, backends.names(), n=3, cutoff=0.6)]
+        hint = f" (did you mean {' or '.join(dict.fromkeys(near))}?)" if near else ""
+        raise UsageError(f"unknown backend {', '.join(unknown) or repr(text)}{hint}; choose from "
+                         f"{', '.join(backends.names())}")
     return names
 
 
@@ -152,7 +157,31 @@ def check_model(name: str) -> None:
                          f"a GPT size ({', '.join(workloads.GPT_SIZES)}) or your own (package.module:factory)")
 
 
+IMAGE_FLOOR = 32  # px: below it a classifier's stride-32 stages leave a 1x1 map, and no image workload is measured
+
+
+def check_image_size(model: str, size: int | None) -> None:
+    """A torchvision model's images at least as large as it takes (its weights' ``min_size``) and IMAGE_FLOOR; one line
+    (exit 2) otherwise: ``--image-size 1`` once ran, "ok", and was given an ImageNet epoch estimate."""
+    if workloads.of(model).kind != "vision" or size is None or size <= 0:
+        return  # not images (or not positive: RunConfig says so in its own words)
+    import torchvision
+
+    try:
+        least = max(list(torchvision.models.get_model_weights(model))[0].meta["min_size"])
+        source = f"{model}'s smallest input ({least} px, torchvision)"
+    except (ValueError, IndexError, KeyError):
+        least, source = 0, ""
+    if least <= IMAGE_FLOOR:
+        least, source = IMAGE_FLOOR, (f"{IMAGE_FLOOR} px: below it the network's stride-32 stages leave a 1x1 map, not "
+                                      "an image workload")
+    if size < least:
+        raise UsageError(f"--image-size {size}: too small for {model}; use at least {least} ({source})")
+
+
 def check_writable(directory: Path) -> None:
+    if Path(directory).is_file():
+        raise UsageError(f"results directory {str(directory)!r} is a file, not a directory")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
@@ -171,6 +200,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     d = DEFAULTS[device_type]
     model = args.model or d["model"]
     check_model(model)
+    check_image_size(model, _pick(args.image_size, d["image_size"]))
     check_precision(args.precision)
     if args.repeat is not None and args.repeat < 1:
         raise UsageError(f"--repeat must be a positive integer, got {args.repeat}")
@@ -204,19 +234,21 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     # On CPU a sweep (no --gpus) runs the multi-process backends at its largest world size only: CPU figures say
     # nothing about scaling, and it keeps `make bench` on a laptop within minutes. --gpus 1,2 runs every size.
     cpu_top = max(sizes) if device_type == "cpu" and not args.gpus and nnodes == 1 and len(sizes) > 1 else None
+    limits = {name: backends.create(name).world_size_limit(device_type) for name in names}
     if cpu_top:
-        notes.append(f"CPU sweep: backends other than {backends.BASELINE} run at {cpu_top} workers only (--gpus "
-                     f"1,{cpu_top} runs every size)")
+        ones = [name for name in names if limits[name] == 1]
+        notes.append(f"CPU sweep: {' and '.join(ones) + ' at 1 worker, the others' if ones else 'every backend'} at "
+                     f"{cpu_top} workers only (--gpus 1,{cpu_top} runs every size)")
     for name in names:
         backend = backends.create(name)
-        limit = getattr(backend, "max_world_size", None)
+        limit = limits[name]
+        beyond = [n for n in sizes if limit and n > limit]
+        if beyond and nnodes == 1 and not cpu_top:
+            notes.append(f"{name} runs at world size {limit} only here; not planned at {', '.join(map(str, beyond))}")
         for n in sizes:
             if cpu_top and n != cpu_top and limit != 1:
                 continue
             if limit and n > limit:
-                if nnodes == 1:
-                    notes.append(f"{name} runs on {limit} device only (the scaling baseline); not planned at world "
-                                 f"size {n}")
                 continue
             elsewhere = backend.node_plan(nodes, n) if nnodes > 1 else None
             if elsewhere:
@@ -234,6 +266,9 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             if precision not in have:
                 add(backends.BASELINE, 1, precision, cudnn, f"the {precision} scaling baseline")
                 have.add(precision)
+    if device_type == "cpu" and nnodes == 1:  # one share of the cores per rank, the largest world size's
+        for cfg in configs:
+            cfg.threads = max(1, usable_cpus() // max(sizes))
     check_data(args, configs)
     return configs, notes
 

@@ -10,20 +10,30 @@ import sys
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
+
+KEEP = Column(no_wrap=True)  # the count, elapsed time and ETA: never cut
+CUT = {"no_wrap": True, "overflow": "ellipsis", "min_width": 0}  # what a narrow terminal cuts first
 
 
 class Sweep:
     """``with Sweep(total) as p: p.start(text); ...; p.finish(result)`` once per run."""
 
-    def __init__(self, total: int, stream=None):
+    def __init__(self, total: int, stream=None, width: int | None = None):
         self.total, self.i = total, 0
         self.stream = stream or sys.stdout
         self.bar = None
         if self.stream.isatty():
-            console = Console(file=self.stream, force_terminal=True)
-            self.bar = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("now: {task.description}"),
-                                TextColumn("last: {task.fields[last]}"), console=console, transient=True)
+            console = Console(file=self.stream, force_terminal=True, width=width)
+            # At 80 columns (or fewer) the bar shrinks and the run's description and the last result are cut with an
+            # ellipsis; the count, the elapsed time and the ETA always show.
+            self.bar = Progress(TextColumn("[bold]sweep", table_column=KEEP),
+                                BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=3)),
+                                MofNCompleteColumn(table_column=KEEP), TimeElapsedColumn(table_column=KEEP),
+                                TextColumn("ETA", table_column=KEEP), TimeRemainingColumn(table_column=KEEP),
+                                TextColumn("now: {task.description}", table_column=Column(ratio=3, **CUT)),
+                                TextColumn("last: {task.fields[last]}", table_column=Column(ratio=2, **CUT)),
+                                console=console, transient=True, expand=True)
 
     def __enter__(self):
         if self.bar:

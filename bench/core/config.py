@@ -70,6 +70,9 @@ class RunConfig:
     # materialises only its own shard, filled with the workload's initialisation but not the seeded values (the
     # probe measures memory, not training); the others build the whole model, as always
     meta_init: bool = False
+    # CPU sweeps: every rank of every run gets the same share of the cores, the one-process baseline included (with
+    # all of them, single@1 was the run a busy machine slowed most, and every efficiency built on it was inflated)
+    threads: int | None = None
 
     def validate(self) -> "RunConfig":
         kind = self.workload.kind

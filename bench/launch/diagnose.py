@@ -49,7 +49,8 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
     how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
     who = _failed_rank(output)
     first = _first_error(output)
-    return (f"{who + '; ' if who else ''}{cfg.launcher} {how}, no record written; "
+    # the harness writes this failed record itself (bench/launch/run.py): what the ranks never wrote is their own
+    return (f"{who + '; ' if who else ''}{cfg.launcher} {how} before rank 0 wrote the run's results; "
             f"{'first error: ' + first + '; ' if first else ''}last lines: {_summary(output[-20000:], lines=3)}; "
             f"log {log_path}")
 
@@ -114,14 +115,23 @@ def _failed_rank(tail: str) -> str | None:
 
 
 _ERROR_LINE = re.compile(r"(Error|Exception|BENCH_FAULT|error:|Killed|Segmentation fault|Aborted)")
+# A Python exception's own line, as the traceback ends with it: ``ValueError: the message`` (``pkg.mod.Error: ...``)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning)\w*: \S")
+# What a traceback quotes: a source line (``raise UsageError(...)``) or where it was, never the reason itself
+_SOURCE_LINE = re.compile(r"^(?:raise |File \"|\^+$|~+$|return |[\w.]+\(.*\)$)")
 
 
 def _first_error(output: str) -> str | None:
-    """The first error-looking line of the run: the rank that failed first usually says why; the others only
-    report the collapse that followed (connection reset, timeouts)."""
-    for line in output.splitlines():
-        if _ERROR_LINE.search(line) and not line.startswith("$ "):
-            return re.sub(r"^\[rank\d+\]:\s*", "", line.strip())[:400]
+    """The first error of the run, as the exception says it: the first ``SomeError: message`` line (the rank that
+    failed first usually says why; the others only report the collapse that followed: connection reset, timeouts);
+    else the first error-looking line that is not a source line a traceback quoted."""
+    lines = [_RANK_TAG.sub("", ln, count=1).strip() for ln in output.splitlines() if not ln.startswith("$ ")]
+    for line in lines:
+        if _EXCEPTION_LINE.match(line):
+            return line[:400]
+    for line in lines:
+        if _ERROR_LINE.search(line) and not _SOURCE_LINE.match(line):
+            return line[:400]
     return None
 
 

@@ -94,6 +94,8 @@ def harness_id() -> str:
 
 
 def threads_per_rank(cfg: RunConfig) -> int:
+    if cfg.threads:  # the planner's, for every run of a CPU sweep alike
+        return cfg.threads
     procs = 1 if cfg.launcher == "inproc" else cfg.nproc_per_node  # the ranks that share this machine's cores
     return max(1, usable_cpus() // procs)
 

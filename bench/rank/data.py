@@ -66,7 +66,35 @@ def check_imagenet(data_dir: str | None, global_batch: int) -> int:
     if n < global_batch:
         raise DataError(f"{train} has {n} images, fewer than one global batch of {global_batch}; "
                         f"lower --batch-size or use fewer GPUs")
+    check_decodes(samples)
     return n
+
+
+DECODE_TRIES = 3  # files tried per class before its images are called unreadable
+
+
+def check_decodes(samples: list[tuple[str, int]]) -> None:
+    """Up to DECODE_TRIES images of every class decode, before anything is launched (64 text files named .JPEG once
+    started torchrun and failed 11 s later, inside the ranks); a class whose first files all fail is refused in one line
+    naming the file and why. A corrupt image among good ones is the loaders' business: they skip and count it."""
+    from PIL import Image
+
+    first: dict[int, list[str]] = {}
+    for path, label in samples:
+        if len(first.setdefault(label, [])) < DECODE_TRIES:
+            first[label].append(path)
+    for paths in first.values():
+        why = None
+        for path in paths:
+            try:
+                with Image.open(path) as im:
+                    im.convert("RGB").load()
+                break
+            except Exception as e:  # noqa: BLE001 - any failure to decode is the answer
+                why = why or f"{path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        else:
+            raise DataError(f"no readable image among the first {len(paths)} of {Path(paths[0]).parent} ({why}); "
+                            "is this an image folder?")
 
 
 def empty_classes(data_dir: str) -> list[str]:

@@ -39,7 +39,8 @@ def cmd_report(args) -> int:
 
     src, out = Path(args.results), Path(args.out)
     if not src.is_dir():
-        print(f"bench: error: results directory {str(src)!r} does not exist", file=sys.stderr)
+        what = "is a file, not a directory" if src.exists() else "does not exist"
+        print(f"bench: error: results directory {str(src)!r} {what}", file=sys.stderr)
         return 2
     if out.exists() and not out.is_dir():
         print(f"bench: error: --out {str(out)!r} is a file, not a directory", file=sys.stderr)

@@ -1,0 +1,21 @@
+"""The Makefile shows a user the commands it runs, not its shell recipes (`if [ -n "" ]; then ...` once filled the
+screen of `make bench`)."""
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.slow
+def test_make_bench_prints_each_command_and_no_shell_block(tmp_path):
+    # PY=true: every step "succeeds" at once; the install steps are the real ones (quick: already done)
+    proc = subprocess.run(["make", "--no-print-directory", "bench", "PY=true", f"RESULTS={tmp_path}/raw",
+                           f"REPORT={tmp_path}/rep"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("true ")]
+    assert lines == [f"true -m bench run --max-gpus all --results {tmp_path}/raw",
+                     f"true -m bench collectives --max-gpus all --results {tmp_path}/raw",
+                     f"true -m bench overhead --results {tmp_path}/raw",
+                     f"true -m bench report --results {tmp_path}/raw --out {tmp_path}/rep"]
+    assert not [ln for ln in proc.stdout.splitlines() if "status=" in ln or "if [" in ln or ln.endswith("\\")]
