@@ -94,7 +94,7 @@ bench: install
 	echo '$(PY) -m bench report --results $(RESULTS) --out $(REPORT)'; \
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
 
-# Training equivalence (README: "Verifying the backends"): every backend trains K steps on the same data and
+# Training equivalence (docs/verifying.md): every backend trains K steps on the same data and
 # is compared with a single-process reference; exit 1 when one trains something else.
 verify: install
 	$(PY) -m bench verify --max-gpus $(GPUS) --results $(RESULTS) $(ARGS)
@@ -124,7 +124,7 @@ test-fast: venv
 	BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs $(XDIST) -m "not slow and not gpu" tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; fi; exit $$status
 
-# One command that proves a GPU machine (README: "Checking a GPU machine"): the gpu-marked tests (several at once), then every
+# One command that proves a GPU machine (docs/gpu-machine.md): the gpu-marked tests (several at once), then every
 # backend with ResNet-50 at bf16, one table, in 450 s (with `make venv`, 8 minutes on one GPU). It builds no Horovod
 # (minutes of compiling; its tests skip with the reason unless a build is already there). FULL=1: the 20-minute check,
 # Horovod built first, every backend at fp32, bf16 and fp16. Offline: add TORCH=system WHEELS=DIR.
@@ -132,7 +132,7 @@ FULL ?=
 gpu-check: venv $(if $(FULL),horovod)
 	$(PY) -m bench doctor $(if $(FULL),--full) $(ARGS)
 
-# Regression gate (README: "Regression gate"). A fixed, short configuration on every device, compared with
+# Regression gate (docs/regression-gate.md). A fixed, short configuration on every device, compared with
 # results/baselines/<GPU model>-x<N>.json (`bench baseline name` prints the name for this machine) or BASELINE=NAME.
 # Exit status: the gate's when it fails (1: slower or more memory; 2: bad input, e.g. no baseline for this
 # GPU; 3: inconclusive, runs disturbed by other processes or GPU throttling), else bench run's (1 when a run failed).
@@ -171,7 +171,7 @@ baseline: install
 	$(PY) -m bench run --max-gpus $(GPUS) --results $(REGRESS_RESULTS) $(REGRESS_ARGS)
 	$(PY) -m bench baseline save --from $(REGRESS_RESULTS) $(if $(BASELINE),--name $(BASELINE)) $(if $(FORCE),--force)
 
-# Mutation testing (docs/tests.md: Mutation testing), not part of `make test`: mutmut (pinned, in its own tool venv that
+# Mutation testing (docs/tests.md, "Mutation testing"), not part of `make test`: mutmut (pinned, in its own tool venv that
 # reads .venv's packages through a .pth) mutates the functions in MUTANTS, in the files pyproject.toml's [tool.mutmut]
 # names, and runs the tests marked `mutation` (tests/README.md) against each mutant; then one line per module: killed,
 # survived, no tests, timeout, score. Every run starts afresh (mutmut re-tests only mutants whose function changed,

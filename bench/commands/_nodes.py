@@ -19,7 +19,7 @@ EXTERNAL_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def add_arguments(r) -> None:
-    g = r.add_argument_group("several nodes (README: Several nodes); every node runs the same command")
+    g = r.add_argument_group("several nodes (docs/several-nodes.md); every node runs the same command")
     g.add_argument("--nnodes", type=int, default=1, help="machines in each run (default 1)")
     g.add_argument("--node-rank", type=int, help="this machine's index, 0 .. nnodes-1 (node 0 writes failed and "
                                                  "skipped records and starts Horovod runs)")

@@ -19,7 +19,7 @@ CPU_DEFAULT_MAX_WORKERS = 4
 
 
 def add_run_arguments(r) -> None:
-    """Every flag of ``bench run`` (README: Command line): the sweep, the workload, the measurement, the knobs (each
+    """Every flag of ``bench run`` (docs/command-line.md): the sweep, the workload, the measurement, the knobs (each
     backend declares its own: bench/core/knobs.py), the data, the searches, several nodes."""
     for group, flags in RUN_FLAGS:
         g = r.add_argument_group(group) if group else r
@@ -39,7 +39,7 @@ RUN_FLAGS = [
         ("--max-gpus", {"help": "sweep powers of two up to N, and N itself; 'all' = every device (default)"}),
         ("--device", {"default": "auto", "help": "auto | cuda | cpu (default auto: cuda when present)"}),
         ("--model", {"help": "torchvision classification model (default resnet50 on GPU, resnet18 on CPU), "
-                             "gpt-<size> (README: Workloads) or your own: package.module:factory"}),
+                             "gpt-<size> (docs/workloads.md) or your own: package.module:factory"}),
         ("--seq-len", {"type": int, "help": "gpt-<size>: tokens per sequence (default 1024 on GPU, 64 on CPU)"}),
         ("--optimizer", {"help": "sgd | adamw (default: sgd for torchvision models, adamw for the others)"}),
         ("--batch-size", {"type": int, "help": "per-device batch (default 64 on GPU, 8 sequences for gpt-<size>; 8 on "
@@ -329,7 +329,7 @@ def workload_flops(model: str, image_size: int | None, seq_len: int | None = Non
 
     workload = workloads.of(model, image_size, seq_len)
     if workload.kind == "custom":
-        return None  # built in the ranks only: not counted, no MFU (README: Workloads)
+        return None  # built in the ranks only: not counted, no MFU (docs/workloads.md)
     try:
         return flops.flops_per_sample(model, image_size, seq_len)
     except Exception as e:  # noqa: BLE001 - a model the meta device cannot trace: no FLOPs, no MFU, still a run

@@ -42,7 +42,7 @@ from bench.core.errors import UsageError
 
 # Deviations a correct backend may show where rounding alone moves nothing (the twin is bit-identical):
 # (max |loss - loss_ref| over the steps, final parameter distance relative to the update). Measured on
-# CPU over gloo (README, "Verifying the backends"): every correct backend was bit-identical there in fp32 and
+# CPU over gloo (docs/verifying.md): every correct backend was bit-identical there in fp32 and
 # bf16; injected faults gave loss deviations above 1e-3 and distances above 0.1.
 FLOORS = {"fp32": (1e-5, 1e-4), "bf16": (1e-3, 1e-2), "fp16": (1e-3, 1e-2)}
 NOISE_FACTOR = 10
@@ -60,7 +60,7 @@ def register(sub) -> None:
                                       "workers)")
     v.add_argument("--device", default="auto", help="auto | cuda | cpu")
     v.add_argument("--model", help="torchvision classification model (default resnet18), gpt-<size> or "
-                                   "package.module:factory (README: Workloads)")
+                                   "package.module:factory (docs/workloads.md)")
     v.add_argument("--batch-size", type=int, help="per-device batch (default 4 on CPU, 16 on GPU)")
     v.add_argument("--image-size", type=int, help="square input in px (default 32 on CPU, 64 on GPU)")
     v.add_argument("--seq-len", type=int, help="gpt-<size>: tokens per sequence (default 64 on CPU, 1024 on GPU)")

@@ -1,5 +1,5 @@
 """When a number should not be believed: every threshold in one place, and the pure logic that turns a run's machine
-state and a sweep's figures into warnings (README: How it measures, "Warnings: when not to believe a number").
+state and a sweep's figures into warnings (docs/measuring.md, "Warnings: when not to believe a number").
 
 A warning is a dict: ``kind`` (one of KINDS), ``subject`` (the configuration or run it is about), ``reason`` (what was
 seen, with the figure and the limit), ``advice`` (what to do), ``field`` (the figure it casts doubt on, so a table can
@@ -12,7 +12,7 @@ from __future__ import annotations
 from bench.core import workloads
 
 # ---------------------------------------------------------------------------------------------------
-# The thresholds (README: the table under "Warnings" says why each was chosen).
+# The thresholds (docs/measuring.md: the table under "Warnings" says why each was chosen).
 
 # A run is *disturbed* when processes outside its own tree used more than this share of the CPUs the run may use
 # (its affinity mask), time-weighted over its timed windows (or its compute-only windows). A quiet machine's

@@ -36,7 +36,7 @@ def run(spec: dict) -> None:
     torch.set_num_threads(spec["threads_per_rank"])
     if cfg.device_type == "cuda":
         # On (the default, what users run): warm-up picks the fastest conv algorithms, as Horovod's benchmark
-        # does. Off: a labelled variant, because DataParallel's replica threads may redo the search (README).
+        # does. Off: a labelled variant, because DataParallel's replica threads may redo the search (docs/measuring.md).
         torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
