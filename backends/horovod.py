@@ -19,7 +19,8 @@ import os
 import subprocess
 import sys
 
-from backends.base import ACTIVATION_CHECKPOINTING, CHANNELS_LAST, Backend, build_model, device_for
+from backends.base import (ACTIVATION_CHECKPOINTING, CHANNELS_LAST, Backend, build_model, contiguous_parameters,
+                           device_for)
 from bench.core.errors import UsageError
 from bench.core.knobs import Knob
 
@@ -136,7 +137,9 @@ class Horovod(Backend):
         hvd.init()
         self.rank, self.world_size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.device = device_for(cfg, self.local_rank)
-        model = build_model(cfg).to(self.device)
+        # hvd.broadcast_parameters refuses non-contiguous tensors: under --channels-last the parameters stay NCHW and
+        # the inputs go channels-last, as for FSDP2 and DeepSpeed (backend_info.channels_last)
+        model = contiguous_parameters(build_model(cfg).to(self.device), cfg)
         self.init_training(cfg, model, cfg.batch_size)
         compression = hvd.Compression.fp16 if cfg.options.get("compression") == "fp16" else hvd.Compression.none
         self.optimizer = hvd.DistributedOptimizer(self.optimizer, named_parameters=model.named_parameters(),
