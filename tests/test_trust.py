@@ -90,27 +90,29 @@ def test_a_disturbed_run_is_marked_everywhere_and_the_verdict_names_no_winner(tm
     assert [(w["kind"], w["subject"]) for w in found] == [("disturbed", "ddp x2 fp32")]
     assert "1 of 3 runs disturbed: other processes used 48% of the 2 CPUs" in found[0]["reason"]
     assert "--wait-quiet" in found[0]["advice"]
-    # the console after bench run: the run's status and one line per warning, with its reason and what to do
+    # the console after bench run: the run's status, and one line naming the kinds of warning: the report's verdict
+    # tells them (each warning once on the console of make bench)
     console = io.StringIO()
     _summary.print_table(recs[6:9], __import__("rich.console", fromlist=["Console"]).Console(file=console, width=160))
     _summary.print_warnings(recs, console)
     text = console.getvalue()
     assert text.count("ok, ⚠ disturbed") == 1
-    assert "⚠ ddp x2 fp32: 1 of 3 runs disturbed: other processes used 48%" in text and "what to do: re-run" in text
-    assert _summary.one_line(recs[7]).endswith("⚠ disturbed: other processes used 48% of the 2 CPUs (0.96 cores) "
-                                               "during the timed windows (limit 10%)")
+    assert text.endswith("\n⚠ warnings about these numbers (disturbed): `python -m bench report` tells them with its "
+                         "verdict, one line per kind, with what to do\n")
+    assert _summary.one_line(recs[7]).endswith(" ⚠ disturbed (see the record's disturbed_reasons)")  # no machine here
     md, page, console = render(tmp_path, recs)
     assert "| **ddp** ★ | 2 | fp32 | 3 (9) | 190.0 img/s ⚠ |" in md  # the figure is marked where it is shown
     assert "**⚠ Warnings**" in md and "- ⚠ `ddp` ×2 fp32: 1 of 3 runs disturbed" in md
-    assert md.count("⚠ **1 warning**") == 1  # the banner at the top
+    assert md.split("## Verdict in detail")[0].count("⚠ disturbed: 1 of 12 runs") == 1  # its kind's line, at the top
     assert ("No winner established: 1 run of ddp was disturbed (other processes used the machine while they were "
             "timed), so its figures are not to be believed; fastest by the medians: ddp.") in md
     assert "Use ddp" not in md
     v = verdict_at(tmp_path, 2)
-    assert v["established"] is False and v["best"] == "ddp" and v["warnings"] == [
-        "⚠ `ddp` ×2 fp32: " + found[0]["reason"] + "; what to do: " + found[0]["advice"]]
+    assert v["established"] is False and v["best"] == "ddp"
     assert '<p class="no-winner"><strong>No winner established: 1 run of ddp was disturbed' in page
-    assert "  ⚠ `ddp` ×2 fp32: 1 of 3 runs disturbed" in console  # the report's console verdict lists it too
+    # the report's console verdict gives it once, as its kind's line
+    assert console.count("other processes used 48%") == 1 and "  ⚠ disturbed: 1 of 12 runs: other processes used " \
+        "48% of the 2 CPUs (0.96 cores) during the timed windows (limit 10%); re-run with `--wait-quiet`" in console
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -137,11 +139,12 @@ def test_a_sweep_with_every_doubt_gets_every_warning_with_its_reason(tmp_path):
     assert "scaling loss to everything else is -706.5% of the ideal (below -5%)" in md
     assert "| 35.5 % ⚠ |" in md  # the CV cell
     assert "| ddp | 1 | fp32 | 7.1 img/s ⚠ | 229.0 % ⚠ |" in md  # world size 1: the efficiency cell too
-    assert "| ddp | 2 | fp32 | 44.8 img/s | 722.6 % ⚠ |" in md
-    assert "-706.5 % ⚠" in md
+    assert "| ddp | 2 | fp32 | 44.8 img/s | ⚠ above 105% |" in md  # impossible: the reason in place of the figure
+    assert "| ⚠ efficiency above 105% | ⚠ efficiency above 105% |" in md  # the split over it: not shown either
     for line in ("what to do: raise `--warmup`", "what to do: repeat with more runs", "what to do: re-run both"):
         assert line in md and line in page.replace("<code>", "`").replace("</code>", "`")
-    assert "⚠ `ddp` ×2 fp32: scaling efficiency 723% vs single@1" in console
+    assert ("  ⚠ impossible efficiency: 1 configuration: scaling efficiency 315-723% (limits 0 and 105%), not shown; re-run "
+            "the baseline with `--repeat 3 --wait-quiet`") in console  # the console: one line per kind
     # the plots ring what they draw of it (the legend says so)
     svg = "".join(p.read_text() for p in (tmp_path / "rep" / "out" / "plots").glob("*-efficiency.svg"))
     assert "not to be believed as it stands" in svg
@@ -424,5 +427,7 @@ def test_a_real_run_beside_a_neighbour_is_recorded_disturbed(results_dir, monkey
     assert len(m["load_before"]) == len(m["load_after"]) == 3 and m["gpus"] == [] and m["nvml"] is None
     assert m["sampler_cpu_seconds"] < 0.05 * (t1 - t0)  # the watch costs little itself
     assert rec["disturbed"] is True and rec["disturbed_reasons"][0].startswith("other processes used")
-    assert "ok, ⚠ disturbed" in proc.stdout and "Warnings (1): these numbers should not be believed" in proc.stdout
-    assert "⚠ single x1 fp32: 1 of 1 run disturbed: other processes used" in proc.stdout
+    assert "ok, ⚠ disturbed" in proc.stdout  # the table's status; the progress line says it in a few words
+    assert f"⚠ disturbed (others used {trust.others_share(rec):.0f}% of the CPUs)" in proc.stdout
+    assert proc.stdout.rstrip().endswith("⚠ warnings about these numbers (disturbed): `python -m bench report` tells "
+                                         "them with its verdict, one line per kind, with what to do")

@@ -92,15 +92,28 @@ def inputs(results_dir: Path, warn, unsized: bool = False) -> list[dict]:
         same = [x for x in recs if all(x.get(k) == v for k, v in key.items())
                 and results.hardware(x) == hw and not x.get("options")]
         thr = stats.summarise_runs([stats.record_throughputs(x) for x in same if x["backend"] == "single"])["median"]
-        measured = {}
+        measured, disturbed = {}, {}
         for x in same:
             if x["backend"] != "single":
-                measured.setdefault((x["backend"], x["world_size"]), []).append(stats.record_throughputs(x))
+                at = (x["backend"], x["world_size"])
+                measured.setdefault(at, []).append(stats.record_throughputs(x))
+                disturbed[at] = disturbed.get(at, 0) + bool(x.get("disturbed"))
         out.append({**key, "hardware": hw, "t_compute": key["batch_per_device"] / thr,
                     "throughput_1": thr, "grad_bytes": grad, "grad_source": source,
                     "curve_world_size": curves[key["device_type"]][0], "curve": curves[key["device_type"]][1],
-                    "measured": {k: stats.summarise_runs(v)["median"] for k, v in measured.items()}})
+                    "measured": {k: stats.summarise_runs(v)["median"] for k, v in measured.items()},
+                    "base_disturbed": sum(bool(x.get("disturbed")) for x in same if x["backend"] == "single"),
+                    "measured_disturbed": disturbed})
     return out
+
+
+def withheld(inp: dict, row: dict) -> tuple[str | None, str | None]:
+    """Why a prediction row's figures are not results: (the predicted and measured efficiencies: single@1, whose
+    compute time and throughput they are built on, was disturbed; the measured one alone: a run measured at that N
+    was disturbed). None where they stand (bench/core/trust.py says when a run is disturbed)."""
+    base = "single@1 disturbed" if inp.get("base_disturbed") else None
+    run = "run disturbed" if row.get("measured_disturbed") else None
+    return base, run
 
 
 def rows(inp: dict, sizes: list[int], backend: str, bucket_mb: float, gpus_per_node=None, inter=None) -> list[dict]:
@@ -112,5 +125,6 @@ def rows(inp: dict, sizes: list[int], backend: str, bucket_mb: float, gpus_per_n
                     inter)
         thr = measured.get(n)
         p["measured_efficiency"] = thr / (n * inp["throughput_1"]) if thr else None
+        p["measured_disturbed"] = (inp.get("measured_disturbed") or {}).get((backend, n), 0)
         out.append(p)
     return out

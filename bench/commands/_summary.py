@@ -1,5 +1,7 @@
-"""The one-table console summary printed at the end of a sweep, and the warnings about its numbers
-(bench/core/trust.py: disturbed runs, unstable repeats, a slow first window, world size 1 far from single)."""
+"""The one-table console summary printed at the end of a sweep, and one line saying which kinds of warning its
+numbers carry (bench/core/trust.py: disturbed runs, unstable repeats, a slow first window, world size 1 far from
+single). The warnings themselves are told once, by ``bench report``'s verdict (one line per kind, with counts and what
+to do) and under each workload's tables in REPORT.md, not here: ``make bench`` prints both consoles."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench.core import traces, workloads
+from bench.core import traces, trust, workloads
 
 
 def one_line(rec: dict) -> str:
@@ -23,7 +25,7 @@ def one_line(rec: dict) -> str:
         if rec.get("tokens_per_second"):
             line += f", {rec['tokens_per_second']:,.0f} tokens/s global"
         if rec.get("disturbed"):
-            line += f"; ⚠ disturbed: {'; '.join(rec.get('disturbed_reasons') or [])}"
+            line += f" ⚠ disturbed ({trust.disturbed_brief(rec)})"
         return line + trace_line(rec.get("trace"))
     return f"{rec['status']}: {rec['reason']}"
 
@@ -72,13 +74,10 @@ def print_table(records: list[dict], console: Console | None = None) -> None:
 
 
 def print_warnings(records: list[dict], stream=None) -> None:
-    """One line per warning about the sweep's numbers, each with its reason and what to do; nothing when none."""
-    from bench.core import trust
-
+    """One line naming the kinds of warning about the sweep's numbers, and where they are told; nothing when none."""
     found = trust.sweep_warnings(records)
     if not found:
         return
-    stream = stream or sys.stdout
-    print(f"\nWarnings ({len(found)}): these numbers should not be believed as they stand", file=stream)
-    for w in found:
-        print(f"  {trust.text(w)}", file=stream)
+    kinds = ", ".join(dict.fromkeys(w["kind"] for w in found))
+    print(f"\n⚠ warnings about these numbers ({kinds}): `python -m bench report` tells them with its verdict, one "
+          "line per kind, with what to do", file=stream or sys.stdout)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands._comm import inputs, rows
+from bench.commands._comm import inputs, rows, withheld
 from bench.core import workloads
 from bench.core.errors import UsageError, warn
 
@@ -75,7 +75,10 @@ def print_prediction(inp: dict, table_rows: list[dict], args) -> None:
     for col in ("N", "all-reduce ms", "step ms (overlap .. none)", "efficiency (none .. full overlap)", "measured"):
         table.add_column(col, justify="right")
     for r in table_rows:
-        table.add_row(str(r["world_size"]), f"{1000 * r['t_allreduce']:.1f}",
-                      f"{1000 * r['step_full_overlap']:.1f} .. {1000 * r['step_no_overlap']:.1f}",
-                      f"{pct(r['efficiency_low'])} .. {pct(r['efficiency_high'])}", pct(r["measured_efficiency"]))
+        base, run = withheld(inp, r)  # a disturbed single@1 or measured run: the reason, not the figure
+        measured = pct(r["measured_efficiency"])
+        step = f"{1000 * r['step_full_overlap']:.1f} .. {1000 * r['step_no_overlap']:.1f}"
+        table.add_row(str(r["world_size"]), f"{1000 * r['t_allreduce']:.1f}", f"⚠ {base}" if base else step,
+                      f"⚠ {base}" if base else f"{pct(r['efficiency_low'])} .. {pct(r['efficiency_high'])}",
+                      f"⚠ {base or run}" if measured != "-" and (base or run) else measured)
     Console(width=170).print(table)

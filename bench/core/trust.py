@@ -1,11 +1,14 @@
 """When a number should not be believed: every threshold in one place, and the pure logic that turns a run's machine
 state and a sweep's figures into warnings (docs/measuring.md, "Warnings: when not to believe a number").
 
-A warning is a dict: ``kind`` (one of KINDS), ``subject`` (the configuration or run it is about), ``reason`` (what was
-seen, with the figure and the limit), ``advice`` (what to do), ``field`` (the figure it casts doubt on, so a table can
-mark that cell) and ``key`` (``results.config_key`` of the configuration, where it has one). The harness measures the
-machine (bench/launch/machine.py); this module only judges, so the console, the report, the verdict and the gate all
-judge alike.
+A warning is a dict: ``kind`` (one of KINDS, its key), ``subject`` (the configuration or run it is about), ``reason``
+(what was seen, with the figure and the limit), ``advice`` (what to do), ``field`` (the figure it casts doubt on, so a
+table can mark that cell), ``key`` (``results.config_key`` of the configuration, where it has one), ``figures`` (the
+numbers it is about, in the unit of ``SUMMARY``'s line), and for a disturbed configuration ``runs`` (how many of its
+runs) and ``also`` (a held or throttled GPU, in a few words). ``by_kind`` folds a list of them into one line per kind,
+with counts and the range of the figures: what the verdict's first screen shows. The harness measures the machine
+(bench/launch/machine.py); this module only judges, so the console, the report, the verdict and the gate all judge
+alike.
 """
 from __future__ import annotations
 
@@ -72,14 +75,87 @@ ADVICE = {
 }
 
 
-def warning(kind: str, subject: str, reason: str, field: str, key=None, advice: str | None = None) -> dict:
+# One line per kind for the verdict's first screen (``by_kind``): what is counted, what the figures are, what to do.
+# {n}: runs (disturbed) or configurations; {range}: the figures' range; {total}: ok runs in the report.
+SUMMARY = {
+    DISTURBED: ("{n} of {total} runs", "other processes used {range}% of the CPUs", "re-run with `--wait-quiet`"),
+    UNSTABLE: ("{n} configuration{s}", f"run-to-run CV {{range}}% (limit {100 * CV_RUNS_MAX['cuda']:.0f}% on GPUs, "
+               f"{100 * CV_RUNS_MAX['cpu']:.0f}% on CPUs)", "repeat with `--repeat 5`"),
+    EFFICIENCY: ("{n} configuration{s}", f"scaling efficiency {{range}}% (limits {EFFICIENCY_MIN_PCT:g} and "
+                 f"{EFFICIENCY_MAX_PCT:g}%), not shown", "re-run the baseline with `--repeat 3 --wait-quiet`"),
+    LOSS: ("{n} configuration{s}", f"scaling-loss or exposed shares of {{range}}% (limit {100 * LOSS_MIN:.0f}%), not "
+           "shown", "re-run with `--wait-quiet`"),
+    SAME_COMPUTATION: ("{n} backend{s} at world size 1", f"{{range}}x single's throughput (limit "
+                       f"{SAME_COMPUTATION_RATIO:g}x either way)", "re-run both with `--repeat 3 --wait-quiet`"),
+    FIRST_WINDOW: ("{n} configuration{s}", f"first timed window {{range}}x the others (limit {FIRST_WINDOW_RATIO:g}x)",
+                   "raise `--warmup`"),
+}
+
+
+def warning(kind: str, subject: str, reason: str, field: str, key=None, advice: str | None = None,
+            figures=(), runs: int | None = None, also=()) -> dict:
     return {"kind": kind, "subject": subject, "reason": reason, "advice": advice or ADVICE[kind], "field": field,
-            "key": key}
+            "key": key, "figures": [float(x) for x in figures], "runs": runs, "also": list(also)}
 
 
 def text(w: dict) -> str:
     """One line: ``⚠ SUBJECT: REASON; what to do: ADVICE``."""
     return f"⚠ {w['subject']}: {w['reason']}; what to do: {w['advice']}"
+
+
+def span(values, unit: str = "") -> str:
+    """``36-64`` (rounded as the line shows them; ``-706 to -64`` below zero), or one value when all round alike."""
+    digits = 2 if unit == "x" else 0 if max(abs(v) for v in values) >= 10 else 1
+    lo, hi = (f"{v:.{digits}f}" for v in (min(values), max(values)))
+    return lo if lo == hi else f"{lo} to {hi}" if lo.startswith("-") else f"{lo}-{hi}"
+
+
+def by_kind(found: list[dict], total_runs: int) -> list[str]:
+    """One line per kind of warning, in KINDS order: ``⚠ KIND: COUNT: FIGURES; WHAT TO DO``. Disturbed counts runs
+    (of ``total_runs``), the others configurations; the figures' range spans every warning of the kind."""
+    out = []
+    for kind in KINDS:
+        mine = [w for w in found if w["kind"] == kind]
+        if not mine:
+            continue
+        count, what, advice = SUMMARY[kind]
+        n = (sum(w.get("runs") or 1 for w in mine) if kind == DISTURBED else
+             len({(w["key"], w["subject"]) for w in mine}))
+        figures = [x for w in mine for x in w.get("figures") or []]
+        parts = [what.format(range=span(figures, "x" if kind == SAME_COMPUTATION else ""))] if figures else []
+        parts += sorted({x for w in mine for x in w.get("also") or []})  # disturbed: GPUs held or throttled
+        if not parts:  # a record without the machine's figures: its reason as it was judged
+            parts = [mine[0]["reason"].split(" disturbed: ", 1)[-1]]
+        head = count.format(n=n, total=total_runs, s="s" if n != 1 else "")
+        out.append(f"⚠ {kind}: {head}: {'; '.join(parts)}; {advice}")
+    return out
+
+
+def disturbed_brief(rec: dict) -> str:
+    """A disturbed run in a few words, for a progress line: ``others used 48% of the CPUs``."""
+    share = others_share(rec)
+    words = [f"others used {share:.0f}% of the CPUs"] if share is not None else []
+    words += _gpu_words((rec.get("machine") or {}).get("gpus") or [])
+    return ", ".join(words) or "see the record's disturbed_reasons"
+
+
+def others_share(rec: dict) -> float | None:
+    """The largest share (%) of the run's CPUs that other processes used during its timed or compute-only windows,
+    where that is among the reasons it is disturbed; None otherwise."""
+    machine = rec.get("machine") or {}
+    cpus = machine.get("cpus") or 1
+    parts = [machine.get(part) for part in ("windows", "compute_only")]
+    over = [p["others_cpu_share"] for p in parts if cpu_reason(p, cpus, rec.get("device_type"), "")]
+    return 100 * max(over) if over else None
+
+
+def _gpu_words(gpus: list[dict]) -> list[str]:
+    words = []
+    if any(g.get("other_processes") for g in gpus):
+        words.append("another process on a GPU")
+    if any(n in THROTTLE_DISTURBS for g in gpus for n in g.get("throttled") or []):
+        words.append("a GPU throttled")
+    return words
 
 
 def subject(rec: dict) -> str:
@@ -162,14 +238,17 @@ def config_warnings(recs: list[dict], key=None) -> list[dict]:
     if disturbed:  # the first disturbed run's reasons; every run's are in its record
         first = "; ".join(disturbed[0].get("disturbed_reasons") or []) or "no reason recorded"
         more = len(disturbed) - 1
+        shares = [x for x in map(others_share, disturbed) if x is not None]
+        gpus = {x for r in disturbed for x in _gpu_words((r.get("machine") or {}).get("gpus") or [])}
         out.append(warning(DISTURBED, who, f"{len(disturbed)} of {n} run{'s' if n > 1 else ''} disturbed: {first}"
                            + (f" (and {more} more disturbed run{'s' if more > 1 else ''}, reasons in the records)"
-                              if more else ""), "throughput", key))
+                              if more else ""), "throughput", key, figures=shares, runs=len(disturbed),
+                           also=sorted(gpus)))
     slow = [x for x in (first_window_ratio(r.get("window_seconds")) for r in recs) if x and x > FIRST_WINDOW_RATIO]
     if slow:
         out.append(warning(FIRST_WINDOW, who, f"the first timed window took {max(slow):.1f}x the median of the others "
                            f"in {len(slow)} of {n} run{'s' if n > 1 else ''} (limit {FIRST_WINDOW_RATIO:g}x)",
-                           "throughput", key))
+                           "throughput", key, figures=slow))
     runs = stats.summarise_runs([stats.record_throughputs(r) for r in recs])  # the report's and the gate's CV
     cv, medians = runs["cv_runs"], runs["run_medians"]
     device = recs[0].get("device_type")
@@ -177,7 +256,7 @@ def config_warnings(recs: list[dict], key=None) -> list[dict]:
     if cv is not None and cv > limit:
         out.append(warning(UNSTABLE, who, f"run-to-run CV {100 * cv:.1f}% over {len(medians)} runs, above the "
                            f"{100 * limit:.0f}% a {'GPU' if device == 'cuda' else 'CPU'} run should repeat within",
-                           "cv", key))
+                           "cv", key, figures=[100 * cv]))
     return out
 
 
@@ -190,7 +269,7 @@ def same_computation(who: str, thr: float, single_thr: float, unit: str, key=Non
         return None
     return warning(SAME_COMPUTATION, who, f"{thr:,.1f} {rate} is {ratio:.2f}x single at 1 {unit} ({single_thr:,.1f} "
                    f"{rate}), yet at world size 1 both train the same model on one device (limit "
-                   f"{SAME_COMPUTATION_RATIO:g}x either way)", "throughput", key)
+                   f"{SAME_COMPUTATION_RATIO:g}x either way)", "throughput", key, figures=[ratio])
 
 
 def efficiency(who: str, pct: float | None, baseline: str, field: str, device_type: str | None = None,
@@ -204,16 +283,23 @@ def efficiency(who: str, pct: float | None, baseline: str, field: str, device_ty
             why += " (on CPU, a baseline whose threads scale worse than processes can also do it)"
     else:
         why = f"scaling efficiency {pct:.0f}% vs {baseline}: below {EFFICIENCY_MIN_PCT:g}%"
-    return warning(EFFICIENCY, who, why, field, key)
+    return warning(EFFICIENCY, who, why, field, key, figures=[pct])
 
 
-def loss_split(who: str, comm_loss: float | None, other_loss: float | None, key=None) -> list[dict]:
+def loss_split(who: str, comm_loss: float | None, other_loss: float | None, key=None,
+               exposed_share: float | None = None) -> list[dict]:
+    """A component of the scaling loss below ``LOSS_MIN`` of the ideal, or exposed communication below ``LOSS_MIN`` of
+    the step (the compute-only reference ran slower than the run it is the reference of)."""
     out = []
-    for value, name, field in ((comm_loss, "communication", "comm_loss"),
-                               (other_loss, "everything else", "other_loss")):
+    for value, name, field in ((comm_loss, "scaling loss to communication", "comm_loss"),
+                               (other_loss, "scaling loss to everything else", "other_loss")):
         if value is not None and value < LOSS_MIN:
-            out.append(warning(LOSS, who, f"scaling loss to {name} is {100 * value:.1f}% of the ideal (below "
-                               f"{100 * LOSS_MIN:.0f}%): a loss cannot be a gain", field, key))
+            out.append(warning(LOSS, who, f"{name} is {100 * value:.1f}% of the ideal (below "
+                               f"{100 * LOSS_MIN:.0f}%): a loss cannot be a gain", field, key, figures=[100 * value]))
+    if exposed_share is not None and exposed_share < LOSS_MIN:
+        out.append(warning(LOSS, who, f"exposed communication is {100 * exposed_share:.1f}% of the step (below "
+                           f"{100 * LOSS_MIN:.0f}%): the compute-only reference ran slower than the run", "exposed",
+                           key, figures=[100 * exposed_share]))
     return out
 
 

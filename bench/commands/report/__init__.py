@@ -1,5 +1,6 @@
 """``python -m bench report``: REPORT.md, REPORT.html (self-contained, the verdict at the top), summary.csv and
-plots from the raw records; the console gets the throughput tables, the paths and the verdict, last.
+plots from the raw records; the console gets the throughput tables, the paths and the verdict's first screen, last
+(report/verdict.py ``first_screen``: a line per comparison, then a line per kind of warning).
 
 Runs of one configuration (``results.config_key``) are summarised with the run as the unit
 (``stats.summarise_runs``): the median of the run medians, a hierarchical bootstrap interval (runs, then
@@ -65,8 +66,8 @@ def cmd_report(args) -> int:
     write_atomic(out / "REPORT.md", md)
     page = out / "REPORT.html"
     write_atomic(page, html.page(md, summary.to_dict("records"), src, out))
-    csv = summary.drop(columns=["_recs", "_samples", "_warnings"]).infer_objects().round(3)
+    csv = summary.drop(columns=[c for c in summary.columns if c.startswith("_")]).infer_objects().round(3)
     csv[CSV_FIRST + [c for c in csv.columns if c not in CSV_FIRST]].to_csv(out / "summary.csv", index=False)
     print("\n".join(console) + f"\n\nreport: {(out / 'REPORT.md').resolve()}\nhtml:   {page.resolve()}")
-    print("\n".join(["", "== Verdict"] + console_lines(verdicts)))
+    print("\n".join(["", "== Verdict"] + console_lines(verdicts, summary.to_dict("records"))))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import fmt, label, mark, md_table, rate, save_figure, slug
+from bench.commands.report.common import fmt, label, legend_outside, md_table, rate, save_figure, shown, slug, withheld
 from bench.core import workloads
 
 BUCKET_MB = 25.0  # DDP's default bucket_cap_mb, for the predictions in the report
@@ -34,10 +34,11 @@ def comm_table(ok: list[dict], unit: str) -> list[str]:
             continue
         s = split(r)
         pct = lambda x: None if x is None else f"{100 * x:.1f} %"  # noqa: E731
-        rows.append([label(r), r["world_size"], r["precision"], fmt(r["global_img_s"], rate(r)),
-                     fmt(r.get("compute_only_img_s"), rate(r)), s and f"{s['exposed_ms']:.1f} ms",
-                     s and pct(s["exposed_share"]), s and mark(pct(s["comm_loss"]), r, "comm_loss"),
-                     s and mark(pct(s["other_loss"]), r, "other_loss"),
+        rows.append([label(r), r["world_size"], r["precision"], fmt(r.get("global_img_s"), rate(r)),
+                     fmt(r.get("compute_only_img_s"), rate(r)), s and shown(f"{s['exposed_ms']:.1f} ms", r, "exposed"),
+                     s and shown(pct(s["exposed_share"]), r, "exposed"),
+                     s and shown(pct(s["comm_loss"]), r, "comm_loss"),
+                     s and shown(pct(s["other_loss"]), r, "other_loss"),
                      r.get("compute_only_keeps") or (None if s else f"not measured: {r.get('compute_only_reason')}")])
     if not rows:
         return []
@@ -64,9 +65,13 @@ def hardware_table(ok: list[dict], unit: str) -> list[str]:
 
 
 def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[str, str]]:
-    """Stacked bars per backend and world size: efficiency, communication loss, everything else (sum 100%)."""
+    """Stacked bars per backend and world size: efficiency, communication loss, everything else (sum 100%). A split
+    built on a disturbed or impossible input (report/caution.py ``withheld``) is not drawn; the title says which."""
     bars = [(f"{label(r)}\n×{r['world_size']}", r, split(r)) for r in ok]
     bars = [(name, r, s) for name, r, s in bars if s and s["comm_loss"] is not None]
+    left_out = [f"{label(r)} ×{r['world_size']} ({withheld(r, 'comm_loss')})" for _, r, _ in bars
+                if withheld(r, "comm_loss")]
+    bars = [(name, r, s) for name, r, s in bars if not withheld(r, "comm_loss")]
     if not bars:
         return []
     import matplotlib
@@ -74,28 +79,24 @@ def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(bars) + 2), 4.8))  # 8 in: the title fits
+    fig, ax = plt.subplots(figsize=(max(10, 1.1 * len(bars) + 4), 4.8), layout="constrained")  # the legend's room
     x = range(len(bars))
     eff = [r["eff_vs_single_pct"] for _, r, _ in bars]
-    # A negative share (compute-only faster than N x single@1, or slower than the backend) is noise or
-    # contention that no split explains: drawn as zero, and said on the bar.
-    comm = [max(0.0, 100 * s["comm_loss"]) for _, _, s in bars]
-    other = [max(0.0, 100 * s["other_loss"]) for _, _, s in bars]
+    comm = [100 * s["comm_loss"] for _, _, s in bars]  # a share below trust.LOSS_MIN is withheld: none is negative
+    other = [100 * s["other_loss"] for _, _, s in bars]
     ax.bar(x, eff, color="tab:green", label="efficiency vs single@1")
     ax.bar(x, comm, bottom=eff, color="tab:red", label="lost to exposed communication")
     ax.bar(x, other, bottom=[e + c for e, c in zip(eff, comm)], color="tab:gray",
            label="lost to everything else (contention, overhead)")
-    for i, (_, _, s) in enumerate(bars):
-        if min(s["comm_loss"], s["other_loss"]) < 0:
-            ax.annotate("a share < 0:\nnoise, not a split", (i, eff[i] + comm[i] + other[i]), ha="center",
-                        va="bottom", fontsize=8)
-    ax.set_ylim(0, max(110, max(e + c + o for e, c, o in zip(eff, comm, other)) * 1.15))
+    ax.set_ylim(0, max(110, max(e + max(c, 0) + max(o, 0) for e, c, o in zip(eff, comm, other)) * 1.1))
     ax.set_xticks(list(x), [name for name, _, _ in bars], fontsize=8)
     ax.axhline(100, ls="--", color="black", lw=0.8)
     ax.set_ylabel("% of ideal N × single@1 throughput")
-    ax.legend(fontsize=8, loc="lower right")
+    if left_out:
+        ax.set_title(f"not drawn ({len(left_out)}): " + "; ".join(left_out[:3]) + (" ..." if len(left_out) > 3 else ""),
+                     fontsize=8, color="dimgray", wrap=True)
+    legend_outside(fig, [ax])
     fig.suptitle(f"Where the scaling goes ({unit})\n{title}", fontsize=10)
-    fig.tight_layout()
     save_figure(fig, f"{stem}-comm-split")
     return [("comm-split", f"{stem.name}-comm-split.png")]
 
@@ -160,7 +161,7 @@ def _plot_collectives(rec, ops, by, sizes, grads, stem: Path) -> str:
 
     from bench.core.comm import DDP_BUCKET_MB
 
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 4.8), layout="constrained")
     for op in ops:
         pts = [(b, by[(op, b)]) for b in sizes if (op, b) in by]
         ax.plot(*zip(*pts), marker="o", label=op)
@@ -171,9 +172,8 @@ def _plot_collectives(rec, ops, by, sizes, grads, stem: Path) -> str:
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(fig, [ax])
     fig.suptitle(f"{rec['process_group']}: bus bandwidth, {rec['world_size']} ranks ({rec['device_type']})", fontsize=10)
-    fig.tight_layout()
     save_figure(fig, stem)
     return f"plots/{stem.name}.png"
 
@@ -193,10 +193,14 @@ def prediction_section(src: Path) -> list[str]:
         body = []
         for r in rows:
             lo, hi, m = r["efficiency_low"], r["efficiency_high"], r["measured_efficiency"]
-            inside = None if m is None else ("yes" if lo - 0.02 <= m <= hi + 0.02 else "no")
-            body.append([r["world_size"], f"{1000 * r['t_allreduce']:.1f} ms", f"{100 * lo:.1f} – {100 * hi:.1f} %",
-                         None if m is None else f"{100 * m:.1f} %", inside])
-        md += [f"**{title}**: t_compute {1000 * inp['t_compute']:.1f} ms (single@1), gradient "
+            base, run = _comm.withheld(inp, r)  # built on a disturbed single@1, or a disturbed measured run
+            inside = None if m is None or base or run else ("yes" if lo - 0.02 <= m <= hi + 0.02 else "no")
+            body.append([r["world_size"], f"{1000 * r['t_allreduce']:.1f} ms",
+                         f"⚠ {base}" if base else f"{100 * lo:.1f} – {100 * hi:.1f} %",
+                         None if m is None else f"⚠ {base or run}" if base or run else f"{100 * m:.1f} %", inside])
+        md += [f"**{title}**: t_compute {1000 * inp['t_compute']:.1f} ms (single@1"
+               + (", ⚠ disturbed: the predictions built on it are not shown" if inp["base_disturbed"] else "")
+               + "), gradient "
                f"{inp['grad_bytes'] / 2 ** 20:.1f} MiB ({inp['grad_source']}) in {BUCKET_MB:g} MiB buckets, "
                f"all_reduce busbw from {inp['curve_world_size']} ranks", "",
                md_table(["N", "all-reduce", "predicted efficiency (no .. full overlap)", "measured ddp",

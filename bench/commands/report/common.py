@@ -41,6 +41,17 @@ def mark(text: str | None, r: dict, *fields: str, kinds: tuple = ()) -> str | No
     return text + MARK if text is not None and flagged(r, *fields, kinds=kinds) else text
 
 
+def withheld(r: dict, field: str) -> str | None:
+    """Why a derived figure of the row is not shown as a result (report/caution.py ``withheld``), or None."""
+    return (r.get("_withheld") or {}).get(field)
+
+
+def shown(text: str | None, r: dict, field: str, kinds: tuple = ()) -> str | None:
+    """A derived figure's cell: the reason in its place where it is withheld, else ``mark``'s text."""
+    why = withheld(r, field)
+    return f"{MARK.strip()} {why}" if why and text is not None else mark(text, r, field, kinds=kinds)
+
+
 def rate(r: dict) -> str:
     """Throughput's unit for the row's workload: img/s, or seq/s for a sequence model."""
     return f"{workloads.sample_unit(r)}/s"
@@ -67,6 +78,18 @@ def latest_summary(src: Path, kind: str, what: str, warn) -> dict | None:
             return doc
         warn(f"skipping {f}: not a schema-1 {what} summary")
     return None
+
+
+def legend_outside(fig, axes) -> None:
+    """One legend for the figure's axes, below them (under the axis labels), so that it never covers data or a title;
+    the figure must use the constrained layout (``plt.subplots(..., layout="constrained")``), which makes room."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(text, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", fontsize=8,
+                   ncol=min(4, len(entries)))
 
 
 def save_figure(fig, stem, tight: bool = False) -> None:

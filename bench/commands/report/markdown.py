@@ -9,6 +9,7 @@ from bench.commands.report import caution, comm, verdict
 from bench.commands.report.common import (
     BASELINE,
     rate,
+    shown,
     workload_title,
     CPU_CAVEAT,
     KNOB,
@@ -47,19 +48,22 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
 
     rows = summary.to_dict("records")
     n_recs, n_ok = sum(len(r["_recs"]) for r in rows), sum(r["runs_ok"] for r in rows)
+    verdicts = verdict.verdicts(rows)
     md = ["# Parallel backend comparison", "",
           f"{n_recs} records from `{src}` ({n_ok} ok, {n_recs - n_ok} skipped or failed) in {len(rows)} "
-          f"configurations; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", "",
-          "Throughput is global samples per second: images (img/s), or sequences (seq/s) for a language model, whose "
+          f"configurations; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", ""]
+    md += verdict.markdown(verdicts, rows)
+    md += ["## How to read the tables", "",
+           "Throughput is global samples per second: images (img/s), or sequences (seq/s) for a language model, whose "
           "tables also give tokens per second. The run is the statistical unit: a configuration's figure is "
           "the median of its runs' medians, its 95% interval a hierarchical bootstrap (runs, then windows within a "
           "run), and *CV* the run-to-run spread. With one run only the spread between its windows is known: the "
           "interval then says *within-run only* and understates the uncertainty (`bench run --repeat 3`). "
           f"Per-device = global / world size. {STAR} marks the highest median global throughput at each world "
-          "size and precision in its table; where the intervals overlap, the difference is not established.", ""]
-    md += caution.banner(rows)
-    verdicts = verdict.verdicts(rows)
-    md += verdict.markdown(verdicts)
+          "size and precision in its table; where the intervals overlap, the difference is not established. A "
+           "figure with the warning mark should not be believed as it stands (the warnings under each workload's tables "
+           "say why); a figure derived from a disturbed or impossible input is not shown: the mark and the reason "
+           "stand in its place.", ""]
     console = []
     for (device, hw), srows in sorted(groups(rows, SECTION), key=lambda kv: (kv[0][0] != "cuda", kv[0])):
         unit = "GPUs" if device == "cuda" else "CPU workers"
@@ -90,7 +94,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                 + comm.hardware_table(ok, unit) + notes(ok) + caution.section(ok)
             plots += comm.plot_split(ok, stem, f"{title} · {hw} ({device})", unit)
             md += [f"![{kind}](plots/{name})" for kind, name in plots] + [""]
-            console += ["", title, thr] + caution.lines(ok)
+            console += ["", title, thr]
         bad = sorted(((rec, r) for r in srows for rec in r["_recs"] if rec["status"] != "ok"),
                      key=lambda x: str(x[0]["run_id"]))
         bad_rows = [[r["backend"], r["world_size"], f"{workload_title(r)} b{r['batch_per_device']}",
@@ -142,19 +146,23 @@ def env_header(rows: list[dict]) -> list[str]:
 
 
 def throughput_table(ok: list[dict], unit: str) -> str:
+    """The last column: tokens/s for a language model, the ImageNet-1k epoch for an image classifier, none for a
+    user's model."""
     seq = workloads.size(ok[0], "seq_len")  # one workload per table
+    epoch = workloads.of_record(ok[0]).kind == "vision"
     def interval(r):
         text = f"{r['ci95_low_img_s']:,.1f} – {r['ci95_high_img_s']:,.1f} {rate(r)}"
         return text + (" (within-run only)" if r["interval"] == WITHIN_RUN else "")
 
+    last = ["global tokens/s"] if seq else ["ImageNet-1k epoch"] if epoch else []
     return md_table(
         ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "CV across runs",
-         "per-device throughput", "global tokens/s" if seq else "ImageNet-1k epoch"],
+         "per-device throughput", *last],
         [[f"**{label(r)}** {STAR}" if r["best_at_world_size"] else label(r), r["world_size"], r["precision"],
           f"{r['runs_ok']} ({len(r['_samples'])})", mark(fmt(r["global_img_s"], rate(r)), r, "throughput"), interval(r),
-          mark(fmt(r["cv_runs_pct"], "%"), r, "cv"), fmt(r["per_device_img_s"], rate(r)),
-          fmt(r["global_img_s"] and r["global_img_s"] * seq, "tokens/s", 0) if seq
-          else duration(epoch_seconds(r["global_img_s"]))]
+          mark(fmt(r["cv_runs_pct"], "%"), r, "cv"), fmt(r["per_device_img_s"], rate(r))]
+         + ([fmt(r["global_img_s"] and r["global_img_s"] * seq, "tokens/s", 0)] if seq
+            else [duration(epoch_seconds(r["global_img_s"]))] if epoch else [])
          for r in ok], {1, 3, 4, 5, 6, 7, 8})
 
 
@@ -166,9 +174,9 @@ def efficiency_table(ok: list[dict], unit: str) -> str:
     return md_table(["backend", unit, "precision", "global throughput", "efficiency vs single@1",
                      "efficiency vs own@1", *extra],
                     [[label(r), r["world_size"], r["precision"], mark(fmt(r["global_img_s"], rate(r)), r, "throughput"),
-                      mark(fmt(r["eff_vs_single_pct"], "%"), r, "eff_vs_single",
-                           kinds=(SAME_COMPUTATION,) if r["world_size"] == 1 else ()),
-                      mark(fmt(r["eff_vs_own_ws1_pct"], "%"), r, "eff_vs_own")]
+                      shown(fmt(r["eff_vs_single_pct"], "%"), r, "eff_vs_single",
+                            kinds=(SAME_COMPUTATION,) if r["world_size"] == 1 else ()),
+                      shown(fmt(r["eff_vs_own_ws1_pct"], "%"), r, "eff_vs_own")]
                      + ([fmt(r.get("intra_node_eff_pct"), "%"), fmt(r.get("inter_node_eff_pct"), "%")] if nodes else [])
                      for r in ok], {1, 3, 4, 5, 6, 7})
 

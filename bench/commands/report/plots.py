@@ -1,9 +1,14 @@
-"""Plots: one figure per kind per workload, PNG (dpi 120, for the README) and SVG."""
+"""Plots: one figure per kind per workload, PNG (dpi 120, for the README) and SVG.
+
+Legends stand outside the axes (``common.legend_outside``, under the constrained layout) and no label is written
+among the data, so nothing covers a point or a bar (tests/test_plot_overlap.py measures it). A figure derived from a
+disturbed or impossible input (report/caution.py ``withheld``) is not drawn; the panel's title says how many were left
+out and why."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label, rate, save_figure
+from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label, legend_outside, rate, save_figure, withheld
 from bench.commands.report.summary import device_memory
 from bench.core.trust import SAME_COMPUTATION
 
@@ -26,7 +31,6 @@ def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str
                        ("memory", _plot_memory), ("step-time", _plot_step_time)):
         fig, heading = draw(plt, ok, series, color, unit, device)
         fig.suptitle(f"{heading}\n{title}", fontsize=10)
-        fig.tight_layout()
         save_figure(fig, f"{stem}-{kind}")
         files.append((kind, f"{stem.name}-{kind}.png"))
     return files
@@ -41,49 +45,60 @@ def _world_size_axis(ax, rows, unit):
 
 
 def _plot_throughput(plt, ok, series, color, unit, device):
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 4.8), layout="constrained")
     for name, rs in series.items():
         y = [r["global_img_s"] for r in rs]
         err = [[r["global_img_s"] - r["ci95_low_img_s"] for r in rs],
                [r["ci95_high_img_s"] - r["global_img_s"] for r in rs]]
         ax.errorbar([r["world_size"] for r in rs], y, yerr=err, marker="o", capsize=4, color=color[name], label=name)
     _ring(ax, [(r["world_size"], r["global_img_s"]) for r in ok if flagged(r, "throughput", "cv")])
-    # ideal linear scaling from single@1 (one line per precision); without it, from the best world-size-1 run
+    # ideal linear scaling from single@1 (one line per precision); without it, from the best world-size-1 run; none
+    # from a disturbed run (its throughput says how busy the machine was)
     top = max(r["world_size"] for r in ok)
     base = [r for r in ok if r["backend"] == BASELINE and r["world_size"] == 1]
-    for b in base or sorted((r for r in ok if r["world_size"] == 1), key=lambda r: -r["global_img_s"])[:1]:
-        ax.plot([1, top], [b["global_img_s"], top * b["global_img_s"]], "--", color="gray",
-                label=f"ideal linear: N × {label(b)}@1 {b['precision']}")
+    base = base or sorted((r for r in ok if r["world_size"] == 1), key=lambda r: -r["global_img_s"])[:1]
+    for b in base:
+        if not b.get("runs_disturbed"):
+            ax.plot([1, top], [b["global_img_s"], top * b["global_img_s"]], "--", color="gray",
+                    label=f"ideal linear: N × {label(b)}@1 {b['precision']}")
+    if any(b.get("runs_disturbed") for b in base):
+        ax.set_title("no ideal line from a disturbed baseline", fontsize=8, color="dimgray")
     _world_size_axis(ax, ok, unit)
     ax.set_ylabel(f"global throughput ({rate(ok[0])})")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=9)
+    legend_outside(fig, [ax])
     return fig, f"Throughput vs {unit}: median and 95% interval"
 
 
 def _plot_efficiency(plt, ok, series, color, unit, device):
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.8), sharey=True)
-    for ax, col, what in zip(axes, ("eff_vs_single_pct", "eff_vs_own_ws1_pct"), (f"vs {BASELINE}@1", "vs own@1")):
-        drawn = False
-        field = "eff_vs_single" if col == "eff_vs_single_pct" else "eff_vs_own"
+    """A panel per baseline (single@1, the backend's own @1) that draws a point beyond world size 1; the single@1
+    panel also where it left points out (its title says how many and why); it alone where no panel has a point."""
+    candidates = []
+    for col, what, field in (("eff_vs_single_pct", f"vs {BASELINE}@1", "eff_vs_single"),
+                             ("eff_vs_own_ws1_pct", "vs own@1", "eff_vs_own")):
+        known = [r for r in ok if r[col] is not None]
+        drawn = [r for r in known if not withheld(r, field)]
+        candidates.append((col, what, field, drawn, [r for r in known if withheld(r, field)]))
+    panels = [c for i, c in enumerate(candidates) if any(r["world_size"] > 1 for r in c[3]) or (i == 0 and c[4])]
+    panels = panels or candidates[:1]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2.5, 4.8), sharey=True, squeeze=False,
+                             layout="constrained")
+    for ax, (col, what, field, drawn, left_out) in zip(axes[0], panels):
+        ids = {id(r) for r in drawn}
         for name, rs in series.items():
-            pts = [(r["world_size"], r[col]) for r in rs if r[col] is not None]
+            pts = [(r["world_size"], r[col]) for r in rs if id(r) in ids]
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=color[name], label=name)
-                drawn = True
-        bad = [(r["world_size"], r[col]) for r in ok if r[col] is not None
-               and flagged(r, field, "throughput", kinds=(SAME_COMPUTATION,))]
-        _ring(ax, bad)
-        for x, y in bad:
-            ax.annotate(f"{y:.0f}%{MARK}", (x, y), textcoords="offset points", xytext=(8, 4), fontsize=8, color="red")
+        _ring(ax, [(r["world_size"], r[col]) for r in drawn
+                   if flagged(r, field, "throughput", kinds=(SAME_COMPUTATION,))])
         ax.axhline(100, ls="--", color="gray", label="ideal (100 %)")
-        if not drawn:
-            ax.text(0.5, 0.5, "no such baseline in these records", transform=ax.transAxes, ha="center", color="gray")
+        note = (f"\n{len(left_out)} not drawn: {', '.join(sorted({withheld(r, field) for r in left_out}))}" if left_out
+                else "" if drawn else "\nno such baseline in these records")
         _world_size_axis(ax, ok, unit)
-        ax.set_title(what)
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("scaling efficiency (%)")
-    axes[0].set_ylim(bottom=0)
+        ax.set_title(what + note, fontsize=9)
+    axes[0][0].set_ylabel("scaling efficiency (%)")
+    axes[0][0].set_ylim(bottom=0)
+    legend_outside(fig, axes[0])
     return fig, "Scaling efficiency: thr(N) / (N × thr(baseline, 1))"
 
 
@@ -98,8 +113,8 @@ def _panels(plt, ok, series, unit):
     """Small multiples: one panel per world size, each grouping that world size's configurations by backend."""
     sizes = sorted({r["world_size"] for r in ok})
     cols, rows = min(len(sizes), 2), -(-len(sizes) // 2)
-    fig, axes = plt.subplots(rows, cols, figsize=(8, 4.8) if len(sizes) == 1 else (10, 1.2 + 3.4 * rows),
-                             sharey=True, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(9, 4.8) if len(sizes) == 1 else (11, 1.2 + 3.4 * rows),
+                             sharey=True, squeeze=False, layout="constrained")
     for ax in axes.flat[len(sizes):]:
         ax.set_visible(False)
     name_of, panels = {id(r): name for name, rs in series.items() for r in rs}, []
@@ -133,13 +148,10 @@ def _plot_memory(plt, ok, series, color, unit, device):
             if devs and r["memory_imbalance"] and r["world_size"] > 1:
                 off = " (cudnn off)" if r.get("memory_imbalance_from") else ""  # dp: summary.dp_imbalance_from_cudnn_off
                 ax.annotate(f"{r['memory_imbalance']:.2f}×{off}", (g, max(m for _, m, _ in devs) / GiB), ha="center",
-                            va="bottom", fontsize=9)
+                            va="bottom", fontsize=9, textcoords="offset points", xytext=(0, 3))  # clear of the bar
         ax.margins(y=0.15)
     panels[0][0].set_ylabel("peak memory per GPU (GiB)" if gpu else "host peak RSS per rank (GiB)")
-    ax, _ = panels[-1]
-    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
-    if handles:
-        ax.legend(handles.values(), handles.keys(), fontsize=8, ncol=min(4, len(handles)))
+    legend_outside(fig, [ax for ax, _ in panels])
     return fig, (("Per-GPU peak memory: reserved (light), allocated (dark)" if gpu else "Per-rank host peak memory")
                  + "; above the bars: imbalance max/mean")
 

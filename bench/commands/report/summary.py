@@ -73,7 +73,7 @@ def summarise(recs: list[dict]):
                    warmup_peak_reserved_max_gib=gib(peak("warmup_reserved")), host_rss_max_gib=gib(max(rss, default=None)),
                    memory_imbalance=max([x for x in imb if x is not None], default=None),
                    skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples,
-                   numerics=numerics(ok))
+                   numerics=numerics(ok), runs_disturbed=sum(bool(r.get("disturbed")) for r in ok))
         row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
         rows.append(row)
     dp_imbalance_from_cudnn_off(rows)
@@ -141,13 +141,14 @@ def nones(df):
 
 def add_efficiency(s):
     """Efficiency (%) against single@1 and against the backend's own world-size-1 run; None: no baseline.
-    The best mark goes to the highest median at each world size, per precision (fp16 is not ranked
-    against fp32)."""
+    ``_base_disturbed`` says, per efficiency, how many of its baseline's runs were disturbed (report/caution.py
+    shows no efficiency built on one). The best mark goes to the highest median at each world size, per precision
+    (fp16 is not ranked against fp32)."""
     rows = s.to_dict("records")
     key = lambda r, keys: tuple(r[k] for k in keys)  # noqa: E731
     at1 = [r for r in rows if r["world_size"] == 1 and r["global_img_s"]]
-    single = {(key(r, BASELINE_MATCH), r[KNOB]): r["global_img_s"] for r in at1 if r["backend"] == BASELINE}
-    own = {(key(r, OWN_MATCH), r[KNOB]): r["global_img_s"] for r in at1}
+    single = {(key(r, BASELINE_MATCH), r[KNOB]): r for r in at1 if r["backend"] == BASELINE}
+    own = {(key(r, OWN_MATCH), r[KNOB]): r for r in at1}
 
     def base_of(r, table, keys):
         for knob in dict.fromkeys((r[KNOB], True, None)):  # the same cuDNN setting, else the default
@@ -155,9 +156,15 @@ def add_efficiency(s):
                 return table[(key(r, keys), knob)]
         return None
 
-    for col, table, keys in (("eff_vs_single_pct", single, BASELINE_MATCH), ("eff_vs_own_ws1_pct", own, OWN_MATCH)):
+    base_disturbed = [{} for _ in rows]
+    for col, table, keys, field in (("eff_vs_single_pct", single, BASELINE_MATCH, "eff_vs_single"),
+                                    ("eff_vs_own_ws1_pct", own, OWN_MATCH, "eff_vs_own")):
         bases = [base_of(r, table, keys) if r["global_img_s"] else None for r in rows]
-        s[col] = [100.0 * r["global_img_s"] / (r["world_size"] * b) if b else None for r, b in zip(rows, bases)]
+        s[col] = [100.0 * r["global_img_s"] / (r["world_size"] * b["global_img_s"]) if b else None
+                  for r, b in zip(rows, bases)]
+        for d, b in zip(base_disturbed, bases):
+            d[field] = b["runs_disturbed"] if b else 0
+    s["_base_disturbed"] = base_disturbed
     # Several nodes: intra-node = the same backend on one node at the processes per node, against its own @1;
     # inter-node = thr(N over k nodes) / (k x thr(N/k on one node)), what crossing the network costs.
     one_node = {(key(r, OWN_MATCH), r["world_size"], r[KNOB]): r for r in rows

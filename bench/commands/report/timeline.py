@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from bench.commands.report.comm import split
-from bench.commands.report.common import label, md_table, save_figure, slug
+from bench.commands.report.common import label, md_table, save_figure, slug, withheld
 from bench.core import traces, workloads
 
 COLORS = {"data": "#8c8c8c", "forward": "#1f77b4", "backward": "#ff7f0e", "all-reduce": "#d62728",
@@ -91,16 +91,17 @@ def agreement(traced: list[tuple[dict, dict]]) -> list[str]:
         if rec["world_size"] < 2:
             continue
         ref = split(row)
+        why = withheld(row, "exposed")  # from a disturbed run, or below -5% of the step: the reason, no comparison
         t = trace_side(rec["trace"])
         verdict = "-"
-        if ref and "exposed_ms" in t:
+        if ref and not why and "exposed_ms" in t:
             both += 1
             diff = t["exposed_ms"] - ref["exposed_ms"]
             agree = abs(diff) <= max(AGREE * abs(ref["exposed_ms"]), 0.5)
             close += agree
             verdict = f"{'agree' if agree else 'differ'} ({diff:+.1f} ms)"
         rows.append([label(row), rec["world_size"], rec["precision"],
-                     _ms(ref and ref["exposed_ms"]) if ref else "not measured",
+                     (f"⚠ {why}" if why else _ms(ref["exposed_ms"])) if ref else "not measured",
                      _ms(t.get("comm_ms")), "-" if t.get("overlap_pct") is None else f"{t['overlap_pct']:.0f} %",
                      _ms(t.get("exposed_ms")), t.get("source") or t["reason"], verdict])
     if not rows:

@@ -5,9 +5,15 @@ Pure functions on the summary rows (``summary.summarise``), using the intervals 
 *established* only when the two 95% intervals do not overlap and both come from several runs; where the best
 median's interval overlaps another's, or the intervals are within-run only (one run each), no winner is named.
 Nor is one named from disturbed runs (bench/core/trust.py): another process used the machine while they were timed.
-Every warning about the group's figures (report/caution.py) is listed with the verdict.
+
+What a user reads first (the console's last lines, the top of REPORT.md and REPORT.html) is ``first_screen``: a list
+of blocks, each left out when it has nothing to say: one line per group that compares backends (``short``), the CPU
+caveat, what was not measured, and the warnings, one line per kind (report/caution.py ``kinds``). The evidence and
+every alternative's cost follow in *Verdict in detail*; each warning, by configuration, under its workload's tables.
 """
 from __future__ import annotations
+
+import re
 
 from bench.commands.report import caution, comm
 from bench.commands.report.common import (
@@ -19,6 +25,7 @@ from bench.commands.report.common import (
     label,
     rate,
     sort_rows,
+    withheld,
     workload_title,
 )
 from bench.commands.report.summary import device_memory
@@ -69,35 +76,63 @@ def peak_memory(r: dict) -> tuple[float | None, str]:
 
 
 def evidence(r: dict) -> str:
-    """Throughput with its interval, efficiency, memory, exposed communication and the epoch estimate."""
+    """Throughput with its interval, efficiency, memory, exposed communication, and tokens/s for a language model or
+    the ImageNet-1k epoch for an image classifier. A figure built on a disturbed or impossible input is named with the
+    reason instead (report/caution.py ``withheld``)."""
     parts = [f"{r['global_img_s']:,.1f} {rate(r)} (95% interval {r['ci95_low_img_s']:,.1f}–{r['ci95_high_img_s']:,.1f}"
              + (", within-run only)" if r["interval"] == WITHIN_RUN else f", {r['runs_ok']} runs)")]
-    if r["world_size"] > 1 and r["eff_vs_single_pct"] is not None:
-        parts.append(f"{r['eff_vs_single_pct']:.0f}% scaling efficiency vs {BASELINE}@1")
-    elif r["world_size"] > 1 and r["eff_vs_own_ws1_pct"] is not None:
-        parts.append(f"{r['eff_vs_own_ws1_pct']:.0f}% scaling efficiency vs its own @1")
+    for col, field, base in (("eff_vs_single_pct", "eff_vs_single", f"{BASELINE}@1"),
+                             ("eff_vs_own_ws1_pct", "eff_vs_own", "its own @1")):
+        if r["world_size"] > 1 and r[col] is not None:
+            why = withheld(r, field)
+            parts.append(f"scaling efficiency vs {base} not shown ({why})" if why
+                         else f"{r[col]:.0f}% scaling efficiency vs {base}")
+            break
     gib, what = peak_memory(r)
     if gib:
         parts.append(f"{gib:.2f} {what}")
     s = comm.split(r)
     if s:
-        parts.append(f"exposed communication {s['exposed_ms']:.1f} ms/step ({100 * s['exposed_share']:.0f}% of the step)")
+        why = withheld(r, "exposed")
+        parts.append(f"exposed communication not shown ({why})" if why else f"exposed communication "
+                     f"{s['exposed_ms']:.1f} ms/step ({100 * s['exposed_share']:.0f}% of the step)")
     if workloads.size(r, "seq_len"):
         parts.append(f"{r['global_img_s'] * workloads.size(r, 'seq_len'):,.0f} tokens/s")
-    else:
+    elif workloads.of_record(r).kind == "vision":  # an image classifier: the epoch the source articles compare by
         parts.append(f"ImageNet-1k epoch ≈ {duration(epoch_seconds(r['global_img_s']))}")
     return ", ".join(parts)
 
 
-def cost(alt: dict, best: dict) -> str:
-    """What choosing ``alt`` instead of ``best`` costs: speed (with an interval for the difference), memory."""
+def gap(alt: dict, best: dict) -> tuple[float, float | None, float | None]:
+    """How much slower ``alt`` is than ``best`` by the medians, and the conservative range of that over both 95%
+    intervals, 1 - hi(alt)/lo(best) .. 1 - lo(alt)/hi(best); None for the range where the intervals overlap."""
     slower = 1 - alt["global_img_s"] / best["global_img_s"]
     if overlap(alt, best):
+        return slower, None, None
+    return (slower, 1 - alt["ci95_high_img_s"] / best["ci95_low_img_s"],
+            1 - alt["ci95_low_img_s"] / best["ci95_high_img_s"])
+
+
+def margin(best: dict, second: dict) -> str:
+    """The fastest's lead over the next and how sure it is: ``33% ahead of dp (95% CI 31–36%, 3 runs each)``."""
+    slower, lo, hi = gap(second, best)
+    if lo is None:
+        sure = "within noise: the 95% intervals overlap"
+    elif WITHIN_RUN in (second["interval"], best["interval"]):
+        sure = f"95% CI {100 * lo:.0f}–{100 * hi:.0f}%, within-run only"
+    else:
+        runs = sorted({second["runs_ok"], best["runs_ok"]})
+        sure = f"95% CI {100 * lo:.0f}–{100 * hi:.0f}%, {'-'.join(map(str, runs))} runs each"
+    return f"{100 * slower:.0f}% ahead of {label(second)} ({sure})"
+
+
+def cost(alt: dict, best: dict) -> str:
+    """What choosing ``alt`` instead of ``best`` costs: speed (with an interval for the difference), memory."""
+    slower, lo, hi = gap(alt, best)
+    if lo is None:
         parts = [f"{100 * abs(slower):.0f}% {'slower' if slower >= 0 else 'faster'} by the medians, within noise "
                  "(the 95% intervals overlap: the difference is not established)"]
     else:  # the conservative range of the ratio over both intervals
-        lo = 1 - alt["ci95_high_img_s"] / best["ci95_low_img_s"]
-        hi = 1 - alt["ci95_low_img_s"] / best["ci95_high_img_s"]
         within = WITHIN_RUN in (alt["interval"], best["interval"])
         parts = [f"{100 * slower:.0f}% slower (CI {100 * lo:.0f}–{100 * hi:.0f}%{', within-run only' if within else ''})"]
     ratio = device0_ratio(alt)
@@ -144,14 +179,17 @@ def verdicts(rows: list[dict]) -> list[dict]:
         tied = [best] + [r for r in rest if overlap(r, best)]
         across_runs = all(r["interval"] != WITHIN_RUN for r in ok)  # within-run intervals miss the run-to-run spread
         disturbed = [r for r in ok if r.get("runs_disturbed")]  # another process used the machine while timed
-        v = {"title": title(best),
+        v = {"title": title(best), "hardware": best["hardware"],
              "established": len(tied) == 1 and bool(rest) and across_runs and not disturbed and not unlike,
-             "best": label(best), "evidence": [], "alternatives": [], "warnings": caution.lines(g)}
-        if not rest:
+             "best": label(best), "evidence": [], "alternatives": [], "short": None}
+        fastest = f"{label(best)} ({best['global_img_s']:,.1f} {rate(best)}), {margin(best, rest[0])}" if rest else ""
+        if not rest:  # nothing to compare: no line on the first screen
             v["headline"] = f"Only {label(best)} ran here: nothing to compare it with."
             v["evidence"] = [f"{label(best)}: {evidence(best)}"]
         elif disturbed:
             runs = sum(r["runs_disturbed"] for r in disturbed)
+            v["short"] = (f"No winner: {runs} of {sum(r['runs_ok'] for r in ok)} runs disturbed; fastest by the medians "
+                          f"{fastest}.")
             v["headline"] = (f"No winner established: {runs} run{'s' if runs > 1 else ''} of "
                              f"{', '.join(label(r) for r in disturbed)} {'were' if runs > 1 else 'was'} disturbed "
                              "(other processes used the machine while they were timed), so "
@@ -164,19 +202,26 @@ def verdicts(rows: list[dict]) -> list[dict]:
                              f"{'compute' if len(unlike) > 1 else 'computes'} {numerics_diff(unlike[0], best)}: "
                              "different arithmetic at the same precision flag (docs/measuring.md, Numerics), so its "
                              "speed is not the backend's alone; compare backends that compute alike.")
+            v["short"] = (f"No like-for-like winner: the fastest, {fastest}, computes "
+                          f"{numerics_diff(best, unlike[0])}, unlike {', '.join(label(r) for r in unlike)}.")
             v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
         elif len(tied) == 1 and not across_runs:
             v["headline"] = (f"Fastest here: {label(best)}, but no winner established: with one run per configuration "
                              "the 95% intervals are within-run only and miss the run-to-run spread "
                              "(repeat with `bench run --repeat 3`).")
+            once = [label(r) for r in ok if r["interval"] == WITHIN_RUN]
+            v["short"] = (f"No winner: {'one run each' if len(once) == len(ok) else 'one run of ' + ', '.join(once)}, "
+                          f"whose within-run interval misses the run-to-run spread (`--repeat 3`); fastest {fastest}.")
             v["evidence"] = [f"{label(best)}: {evidence(best)}"]
         elif len(tied) == 1:
             v["headline"] = f"Use {label(best)}: faster than every alternative beyond the 95% intervals."
+            v["short"] = f"Use {fastest}."
             v["evidence"] = [f"{label(best)}: {evidence(best)}"]
         else:
             names = ", ".join(label(r) for r in tied)
             v["headline"] = (f"No winner established: the 95% intervals of {names} overlap, so their difference is "
                              "not established (choose among them on memory or convenience, or repeat with more runs).")
+            v["short"] = f"No winner: {names} are within noise of each other; fastest by the medians {fastest}."
             v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
         v["alternatives"] = [f"{label(r)}: {cost(r, best)}"
                              + (f"; computes {numerics_diff(r, best)} (not like with like)" if differs(r, best) else "")
@@ -195,30 +240,78 @@ def verdicts(rows: list[dict]) -> list[dict]:
     return out
 
 
-def console_lines(vs: list[dict]) -> list[str]:
-    lines = []
-    for v in vs:
-        lines += [f"{v['title']}: {v['headline']}"] + [f"  + {e}" for e in v["evidence"]] \
-            + [f"  - {a}" for a in v["alternatives"]] + ([f"  ! {v['caveat']}"] if v.get("caveat") else []) \
-            + [f"  {w}" for w in v.get("warnings") or []]
+CPU_LINE = ("CPU worker processes over gloo: this says which backend is fastest on this CPU, nothing about which to "
+            "use on GPUs.")
+NOT_MEASURED_CHARS = 100  # a failure's reason on the first screen; the whole of it is in REPORT.md
+
+
+def first_screen(vs: list[dict], rows: list[dict]) -> list[tuple[str, list[str]]]:
+    """What a user reads first, as blocks of (heading, lines), in this order; a block with nothing to say is left
+    out. A new block is one more line here."""
+    hardware = list(dict.fromkeys(v["hardware"] for v in vs))
+    blocks = [(f"On {hardware[0]}" if len(hardware) == 1 else "By hardware", headlines(vs, len(hardware) == 1)),
+              ("", [CPU_LINE] if any(r["device_type"] == "cpu" and r["runs_ok"] for r in rows) else []),
+              ("Not measured", not_measured(rows)),
+              ("Warnings, one line per kind (each configuration's are under its workload's tables in REPORT.md)",
+               caution.kinds(rows))]
+    return [(heading, lines) for heading, lines in blocks if lines]
+
+
+def headlines(vs: list[dict], one_hardware: bool) -> list[str]:
+    """One line per group that compares backends (its title less the hardware, where the block's heading names the
+    one hardware); where none does, one line saying so."""
+    lines = [f"{v['title'].removeprefix(v['hardware'] + ', ') if one_hardware else v['title']}: {v['short']}"
+             for v in vs if v["short"]]
+    if vs and not lines:
+        lines = ["Nothing to compare: one backend per hardware, workload, precision and world size "
+                 f"({', '.join(dict.fromkeys(v['best'] for v in vs))})."]
     return lines
 
 
-def markdown(vs: list[dict]) -> list[str]:
+def not_measured(rows: list[dict]) -> list[str]:
+    """One line per configuration with a failed run (its first reason, cut), then one naming the skipped ones."""
+    lines = []
+    for r in sort_rows(rows):
+        failed = [rec for rec in r["_recs"] if rec["status"] == "failed"]
+        if failed:
+            why = failed[0].get("reason") or "no reason recorded"
+            first = re.search(r"first error: ([^;]+)", why)  # the exception's own line (bench/launch/diagnose.py)
+            why = first[1] if first else why
+            why = why if len(why) <= NOT_MEASURED_CHARS else why[:NOT_MEASURED_CHARS - 1] + "…"
+            runs = "" if len(failed) == len(r["_recs"]) else f" {len(failed)} of {len(r['_recs'])} runs"
+            lines.append(f"{label(r)} ×{r['world_size']} ({workload_title(r)}){runs} failed: {why}")
+    skipped = [f"{label(r)} ×{r['world_size']}" for r in sort_rows(rows) if r["status"] == "skipped"]
+    if skipped:
+        lines.append(f"skipped here: {', '.join(dict.fromkeys(skipped))} (why: REPORT.md, Skipped and failed runs)")
+    return lines
+
+
+def console_lines(vs: list[dict], rows: list[dict]) -> list[str]:
+    """The first screen as the console's last lines."""
+    lines = []
+    for heading, body in first_screen(vs, rows):
+        lines += [f"{heading}:"] + [f"  {x}" for x in body] if heading else body
+    return lines
+
+
+def markdown(vs: list[dict], rows: list[dict]) -> list[str]:
+    """The first screen at the top of REPORT.md (and so of REPORT.html), then the verdict in detail."""
     if not vs:
         return []
-    md = ["## Verdict", "",
-          "Per hardware, workload, precision and world size: the backend to train with and the evidence, then what "
-          "each alternative costs relative to the fastest. A winner is named only where the 95% intervals do not "
-          "overlap and come from several runs each (one run gives a within-run interval, which misses the "
-          "run-to-run spread); the ImageNet-1k epoch is 1,281,167 images / global throughput (compute only, no input "
-          "pipeline).", ""]
+    md = ["## Verdict", ""]
+    for heading, body in first_screen(vs, rows):  # a block without a heading is a caveat: a quote
+        md += [f"**{heading}:**", ""] + [f"- {x}" for x in body] + [""] if heading else [f"> {x}" for x in body] + [""]
+    md += ["The evidence for each verdict and what every alternative costs: *Verdict in detail*, below.", "",
+           "## Verdict in detail", "",
+           "Per hardware, workload, precision and world size: the backend to train with and the evidence, then what "
+           "each alternative costs relative to the fastest. A winner is named only where the 95% intervals do not "
+           "overlap and come from several runs each (one run gives a within-run interval, which misses the "
+           "run-to-run spread); the ImageNet-1k epoch (image classifiers) is 1,281,167 images / global throughput "
+           "(compute only, no input pipeline).", ""]
     for v in vs:
         md += [f"### {v['title']}", "", f"**{v['headline']}**", ""] + [f"- {e}" for e in v["evidence"]] + [""]
         if v["alternatives"]:
             md += ["Alternatives, relative to the fastest:", ""] + [f"- {a}" for a in v["alternatives"]] + [""]
         if v.get("caveat"):
             md += [f"> {v['caveat']}", ""]
-        if v.get("warnings"):
-            md += ["Warnings about these figures:", ""] + [f"- {w}" for w in v["warnings"]] + [""]
     return md
