@@ -87,28 +87,52 @@ def find_blocks(model: torch.nn.Module) -> list[torch.nn.Module] | None:
 
 
 class VisionWorkload(Workload):
-    """A torchvision classifier with random weights, 1000 classes, fed random images (the source articles')."""
+    """A torchvision classifier with random weights, 1000 classes, fed random images (the source articles'); or one
+    of the suite's small CNNs (``cnn-tiny``: bench/core/workloads.py SMALL_CNNS), with its own classes."""
 
     def __init__(self, name: str, image_size: int, channels_last: bool = False):
         self.name, self.image_size, self.channels_last = name, image_size, channels_last
+        self.classes = workloads.SMALL_CNNS[name][1] if name in workloads.SMALL_CNNS else 1000
 
     def build(self):
         import torchvision
 
-        # Auxiliary classifiers would get no gradient from the main loss, which DDP rejects; benchmarks train
-        # the main head only.
-        extra = {"aux_logits": False} if self.name in ("googlenet", "inception_v3") else {}
-        model = torchvision.models.get_model(self.name, weights=None, num_classes=1000, **extra)
+        if self.name in workloads.SMALL_CNNS:
+            model = SmallCNN(*workloads.SMALL_CNNS[self.name])
+        else:
+            # Auxiliary classifiers would get no gradient from the main loss, which DDP rejects; benchmarks train
+            # the main head only.
+            extra = {"aux_logits": False} if self.name in ("googlenet", "inception_v3") else {}
+            model = torchvision.models.get_model(self.name, weights=None, num_classes=1000, **extra)
         if self.channels_last:  # NHWC; the harness feeds channels-last batches too
             model = model.to(memory_format=torch.channels_last)
         return model
 
     def batch(self, n, generator):
         inputs = torch.randn(n, 3, self.image_size, self.image_size, generator=generator)
-        return inputs, torch.randint(0, 1000, (n,), generator=generator)
+        return inputs, torch.randint(0, self.classes, (n,), generator=generator)
 
     def loss(self, outputs, targets):
         return F.cross_entropy(outputs, targets)
+
+
+class SmallCNN(torch.nn.Module):
+    """3x3 convolution, BatchNorm and ReLU per block, the first at stride 1 and the others at stride 2; global average
+    pooling and a linear classifier. ``blocks`` is what FSDP2 shards one by one and activation checkpointing wraps."""
+
+    def __init__(self, channels: tuple[int, ...], classes: int):
+        super().__init__()
+        widths = (3, *channels)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Conv2d(c_in, c_out, 3, 1 if i == 0 else 2, 1, bias=False),
+                                torch.nn.BatchNorm2d(c_out), torch.nn.ReLU(inplace=True))
+            for i, (c_in, c_out) in enumerate(zip(widths, widths[1:])))
+        self.head = torch.nn.Linear(widths[-1], classes)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
 class GPTWorkload(Workload):

@@ -25,7 +25,7 @@ def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = N
     workload = models.workload(model, image_size, seq_len, False)
     gen = torch.Generator().manual_seed(0)
     with torch.device("meta"):
-        if kind == "vision":
+        if kind == "vision" and model not in workloads.SMALL_CNNS:
             extra = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
             import torchvision
 
@@ -52,6 +52,10 @@ def parameter_count(model: str, seq_len: int | None = None) -> int:
         raise ValueError(f"{model}: a user's model is not counted (it would be built in the harness)")
     if kind == "language":
         return workloads.gpt_parameters(model, seq_len or workloads.DEFAULT_SEQ_LEN["cpu"])
+    if model in workloads.SMALL_CNNS:
+        from backends.models import SmallCNN
+
+        return sum(p.numel() for p in SmallCNN(*workloads.SMALL_CNNS[model]).parameters())
     import torchvision
 
     extra = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}

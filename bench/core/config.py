@@ -11,6 +11,9 @@ from bench.core.errors import UsageError
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEVICE_TYPES = ("cuda", "cpu")
 ON_OFF = {"on": True, "off": False}
+# synthetic: one fixed random batch (throughput); imagenet: a class-folder tree through a real loader; learnable: the
+# to-accuracy mode's synthetic task, class patterns plus noise that a model can learn (bench/rank/learnable.py)
+DATA_KINDS = ("synthetic", "imagenet", "learnable")
 
 # Untimed steps needed before the timed windows are steady. Step 1 pays lazy initialisation, cuDNN's
 # algorithm search and DDP's first iteration; DDP rebuilds its gradient buckets at the start of step 2
@@ -100,8 +103,8 @@ class RunConfig:
             raise UsageError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
-        if self.data not in ("synthetic", "imagenet"):
-            raise UsageError(f"unknown data {self.data!r}; choose from synthetic, imagenet")
+        if self.data not in DATA_KINDS:
+            raise UsageError(f"unknown data {self.data!r}; choose from {', '.join(DATA_KINDS)}")
         if self.data == "imagenet":  # the names are checked by the planner, which asks the loader registry
             self.loader, self.decode = self.loader or "torchvision", self.decode or "cpu"
         elif self.loader or self.decode:

@@ -1,7 +1,8 @@
 """What a run trains (``--model``), by name: the vocabulary every layer shares, with no torch.
 
 - **vision**: a torchvision classification model (``resnet50``, ...) on ``--image-size`` px images, 1000 classes;
-  samples are images (img/s). The source articles' workloads, and the default.
+  samples are images (img/s). The source articles' workloads, and the default. Also ``cnn-tiny`` (SMALL_CNNS), a small
+  convolutional network of this suite's own with 10 classes, for CPUs and tests.
 - **language**: ``gpt-<size>``, the decoder-only transformer of backends/models/gpt.py on synthetic token sequences of
   ``--seq-len`` tokens, next-token cross-entropy; samples are sequences, and tokens/s = sequences/s x seq-len.
   The sizes below: GPT-3's shapes (Brown et al. 2020, table 2.1: layers, model width, heads) with GPT-2's vocabulary
@@ -27,6 +28,11 @@ GPT_SIZES = {
     "gpt-2.7b": (32, 2560, 32, 50304),
     "gpt-6.7b": (32, 4096, 32, 50304),
 }
+# name: (channels of each conv block, classes): small convolutional networks built here (backends/models), not by
+# torchvision, for CPUs and tests: cnn-tiny learns the to-accuracy mode's learnable task (bench/rank/learnable.py) to 90%
+# top-1 in a few epochs of a few seconds each on one CPU core
+SMALL_CNNS = {"cnn-tiny": ((16, 32, 64), 10)}
+SMALL_CNN_MIN_SIZE = 8  # px: two stride-2 stages leave a 2x2 map
 OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_SEQ_LEN = {"cuda": 1024, "cpu": 64}
 
