@@ -227,6 +227,36 @@ class Backend:
         return {"parameters": nbytes(params), "gradients": nbytes(grads),
                 "optimizer_state": nbytes(local(t) for t in optimizer_tensors(self.optimizer))}
 
+    # -- the to-accuracy mode's schedule and optimizer settings (bench/rank/accuracy.py) ------------------------------
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next step, written into every param group of ``self.optimizer``. These are the
+        groups that step in every backend: DeepSpeed's ZeRO optimizers promote the param groups of the torch optimizer
+        inside them (``param_groups`` is a property returning the inner optimizer's, "to adjust the learning rate"),
+        ZeroRedundancyOptimizer copies its groups' settings into its inner optimizer at every step, and Horovod's
+        DistributedOptimizer is the optimizer. ``stepped_settings`` reads them back from the optimizer that steps."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def set_optimizer_settings(self, momentum: float | None = None, weight_decay: float | None = None) -> None:
+        """Override the optimizer's momentum (SGD's; AdamW's first beta) and weight decay, in the same param groups as
+        ``set_lr``; None keeps backends/base.py's SGD or ADAMW settings."""
+        for group in self.optimizer.param_groups:
+            if momentum is not None:
+                if "betas" in group:
+                    group["betas"] = (momentum, group["betas"][1])
+                else:
+                    group["momentum"] = momentum
+            if weight_decay is not None:
+                group["weight_decay"] = weight_decay
+
+    def stepped_settings(self) -> dict:
+        """The learning rate, momentum (or betas) and weight decay of the torch optimizer that actually steps (inside
+        DeepSpeed's or ZeroRedundancyOptimizer's wrapper), read from its first param group."""
+        inner = inner_optimizer(self.optimizer)
+        group = inner.param_groups[0]
+        return {"optimizer": type(inner).__name__, "lr": group["lr"], "momentum": group.get("momentum"),
+                "betas": list(group["betas"]) if "betas" in group else None, "weight_decay": group["weight_decay"]}
+
     # -- shared building blocks ----------------------------------------------------------------------
     def init_training(self, cfg, model: torch.nn.Module, feed_batch: int, data_device=None) -> None:
         """Optimizer and precision for ``model``; ``feed_batch`` samples per step arrive on ``data_device``
@@ -304,11 +334,18 @@ def nbytes(tensors) -> int:
 def optimizer_tensors(optimizer) -> list[torch.Tensor]:
     """Every tensor in the state of the torch optimizer inside ``optimizer`` (ZeroRedundancyOptimizer's ``optim``,
     DeepSpeed's ``optimizer``; Horovod's is the optimizer itself)."""
+    inner = inner_optimizer(optimizer)
+    return unique(v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+
+
+def inner_optimizer(optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer that steps, inside ZeroRedundancyOptimizer (``optim``) or DeepSpeed's ZeRO optimizer
+    (``optimizer``); Horovod's DistributedOptimizer is one itself."""
     inner = optimizer
     for attr in ("optim", "optimizer"):
         while isinstance(getattr(inner, attr, None), torch.optim.Optimizer):
             inner = getattr(inner, attr)
-    return unique(v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+    return inner
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -3,7 +3,8 @@
     python -m bench.rank --spec SPEC.json              (under torchrun / horovodrun / directly)
     python -m bench.rank --spec SPEC.json --spawn N    (starts N ranks with torch.multiprocessing.spawn)
 
-The spec's ``task`` picks the rank code through TASKS (train, the default: the timed loop; verify; collectives).
+The spec's ``task`` picks the rank code through TASKS (train, the default: the timed loop; verify; collectives;
+overhead; accuracy: bench run --to-accuracy's epochs).
 Out of memory, whichever task hit it, ends the rank at once with one marked line the launcher reads
 (bench/core/markers.py)."""
 from __future__ import annotations
@@ -20,7 +21,8 @@ from bench.rank.memory import is_oom
 
 # task -> "module:function(spec)"; imported only when a rank runs it
 TASKS = {"train": "bench.rank.train:run", "verify": "bench.rank.verify:run_rank",
-         "collectives": "bench.rank.collectives:run_rank", "overhead": "bench.rank.overhead:run_rank"}
+         "collectives": "bench.rank.collectives:run_rank", "overhead": "bench.rank.overhead:run_rank",
+         "accuracy": "bench.rank.accuracy:run_rank"}
 
 
 def _spawned(index: int, spec: dict, nprocs: int) -> None:
