@@ -58,7 +58,8 @@ RUN_FLAGS = [
                                                                  "on; DataParallel's sweep also runs it off)"}),
     ]),
     ("data", [
-        ("--data", {"default": "synthetic", "help": "synthetic (a fixed batch on the device) | imagenet"}),
+        ("--data", {"default": "synthetic", "help": "synthetic (a fixed batch on the device) | imagenet | learnable "
+                                                    "(--to-accuracy's synthetic task: class patterns plus noise)"}),
         ("--data-dir", {"help": "ImageNet folder: DIR/train/<class>/*.JPEG (with --data imagenet)"}),
         ("--loader", {"help": "real data: torchvision (DataLoader workers, default) | dali (NVIDIA DALI)"}),
         ("--decode", {"help": "real data: cpu (default) | gpu (nvJPEG: torchvision.io.decode_jpeg on the GPU, or "
@@ -85,6 +86,31 @@ RUN_FLAGS = [
                                               "CPU)"}),
         ("--memory-limit-gib", {"type": float, "help": "CPU only: give each rank a heap budget of this many GiB "
                                                        "(the CPU stand-in for GPU memory)"}),
+    ]),
+    ("time to accuracy (instead of timing; docs/workloads.md)", [
+        ("--to-accuracy", {"type": float, "metavar": "A", "help": "train each configuration in epochs until its "
+                                                                  "held-out top-1 reaches A (0 < A <= 1) or "
+                                                                  "--max-epochs; records in RESULTS/accuracy"}),
+        ("--max-epochs", {"type": int, "help": "--to-accuracy: the epochs' budget, and the schedule's length "
+                                               "(default 20)"}),
+        ("--eval-every", {"type": int, "help": "--to-accuracy: evaluate every N epochs, and after the last (default "
+                                               "1)"}),
+        ("--base-lr", {"type": float, "help": "--to-accuracy: the learning rate at --base-batch (default: the "
+                                              "optimizer's, 0.01 for SGD, 6e-4 for AdamW)"}),
+        ("--base-batch", {"type": int, "help": "--to-accuracy: the global batch --base-lr is for (default: the "
+                                               "per-device batch, so world size 1 runs at --base-lr)"}),
+        ("--lr-scaling", {"help": "--to-accuracy: linear | sqrt | none, or several comma-separated (one run each): "
+                                  "the rate at the run's global batch (default linear)"}),
+        ("--warmup-epochs", {"type": float, "help": "--to-accuracy: linear warm-up to the scaled rate over these "
+                                                    "epochs (default 0)"}),
+        ("--lr-decay", {"help": "--to-accuracy: cosine | step (x0.1 at 1/2 and 3/4 of --max-epochs) | none (default "
+                                "cosine)"}),
+        ("--momentum", {"type": float, "help": "--to-accuracy: SGD's momentum, AdamW's first beta (default: "
+                                               "backends/base.py's, 0.9)"}),
+        ("--weight-decay", {"type": float, "help": "--to-accuracy: the optimizer's weight decay (default: "
+                                                   "backends/base.py's, 1e-4 for SGD, 0.1 for AdamW)"}),
+        ("--train-samples", {"type": int, "help": "--to-accuracy with --data learnable: the training set's size "
+                                                  "(default 2048; the held-out set: --eval-samples)"}),
     ]),
     ("results", [
         ("--resume", {"action": "store_true", "help": "skip configurations that already have an ok record in the "
@@ -151,7 +177,7 @@ def check_model(name: str) -> None:
         if ":" in name and not (module and factory):
             raise UsageError(f"--model {name!r}: your own model is package.module:factory")
         return
-    valid = torchvision.models.list_models(module=torchvision.models)
+    valid = torchvision.models.list_models(module=torchvision.models) + list(workloads.SMALL_CNNS)
     if name not in valid:
         raise UsageError(f"unknown model {name!r}; choose a torchvision classification model ({', '.join(valid)}), "
                          f"a GPT size ({', '.join(workloads.GPT_SIZES)}) or your own (package.module:factory)")
@@ -167,6 +193,11 @@ def check_image_size(model: str, size: int | None) -> None:
         return  # not images (or not positive: RunConfig says so in its own words)
     import torchvision
 
+    if model in workloads.SMALL_CNNS:
+        if size < workloads.SMALL_CNN_MIN_SIZE:
+            raise UsageError(f"--image-size {size}: too small for {model}; use at least {workloads.SMALL_CNN_MIN_SIZE} "
+                             "(its two stride-2 stages leave a 2x2 map)")
+        return
     try:
         least = max(list(torchvision.models.get_model_weights(model))[0].meta["min_size"])
         source = f"{model}'s smallest input ({least} px, torchvision)"

@@ -1,6 +1,7 @@
 """``python -m bench run``: plan backends x world sizes, then run each configuration as its own process tree
-(bench/launch), one record per run; ``--find-max-batch`` searches each one's largest batch instead, and
-``--external`` runs this process as one rank of a run another engine started."""
+(bench/launch), one record per run; ``--find-max-batch`` searches each one's largest batch instead,
+``--to-accuracy A`` trains each one to a held-out accuracy (_accuracy.py), and ``--external`` runs this process as one
+rank of a run another engine started."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 import backends
-from bench.commands import _nodes
+from bench.commands import _accuracy, _nodes
 from bench.commands._plan import add_run_arguments, check_writable, interleave, loader_unavailable, plan
 from bench.core import environment, traces, workloads
 from bench.core.devices import detect_device, usable_cpus
@@ -53,6 +54,7 @@ def cmd_run(args) -> int:
     if args.find_max_model and (args.find_max_batch or trace):
         raise UsageError(f"--find-max-model runs no timed run{': it cannot go with --trace' if trace else ''}"
                          f"{'; search one thing at a time: --find-max-model or --find-max-batch' if args.find_max_batch else ''}")
+    _accuracy.check_flags(args)  # --to-accuracy's flags and --data learnable only with it; its own defaults
     if args.find_max_model:
         from bench.commands import _maxmodel
 
@@ -75,6 +77,8 @@ def cmd_run(args) -> int:
         return find_max_batch(args, configs, notes)
     if args.find_max_model:
         return find_max_model(args, configs, notes, sizes)
+    if args.to_accuracy is not None:
+        return _accuracy.run(args, configs, notes)
     configs = interleave(configs, args.repeat or 1)
     results_dir = Path(args.results)
     check_writable(results_dir)
