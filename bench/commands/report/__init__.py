@@ -54,6 +54,10 @@ def cmd_report(args) -> int:
 
     recs = usable_records(src, warn)
     if not recs:
+        from bench.commands.report import accuracy
+
+        if accuracy.records(src, lambda m: None):  # bench run --to-accuracy's records alone: their section
+            return accuracy.report_alone(src, out, warn)
         print(f"bench: error: no readable schema-{SCHEMA} records in {src}", file=sys.stderr)
         return 1
     summary = summarise(recs)

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.commands.report import caution, comm, verdict
+from bench.commands.report import accuracy, caution, comm, verdict
 from bench.commands.report.common import (
     BASELINE,
     rate,
@@ -48,7 +48,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
 
     rows = summary.to_dict("records")
     n_recs, n_ok = sum(len(r["_recs"]) for r in rows), sum(r["runs_ok"] for r in rows)
-    verdicts = verdict.verdicts(rows)
+    verdicts = verdict.verdicts(rows) + accuracy.verdicts(src, lambda m: None)  # time to accuracy: report/accuracy.py
     md = ["# Parallel backend comparison", "",
           f"{n_recs} records from `{src}` ({n_ok} ok, {n_recs - n_ok} skipped or failed) in {len(rows)} "
           f"configurations; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", ""]
@@ -104,7 +104,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
     warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
     md += settings_section(rows) + overhead_section(src, warn) + timeline_section(rows, out)
     md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) \
-        + maxmodel_section(src, out, warn) + equivalence_section(src, warn) \
+        + maxmodel_section(src, out, warn) + accuracy.section(src, out, warn) + equivalence_section(src, warn) \
         + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)
     if skipped:
         md += ["## Files not read", ""] + [f"- {m}" for m in skipped] + [""]

@@ -12,6 +12,8 @@ def usable_records(src: Path, warn) -> list[dict]:
 
     out = []
     for rec in results.load(src, warn=warn):
+        if rec.get("task") == "accuracy":  # bench run --to-accuracy's (report/accuracy.py): no timed windows
+            continue
         try:
             rec["_key"] = dict(zip(results.CONFIG_KEYS, results.config_key(rec)))
             if not isinstance(rec["world_size"], int) or rec["world_size"] < 1:
