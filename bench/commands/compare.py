@@ -41,10 +41,18 @@ is ``inconclusive`` (what it would have been is in the notes), it never fails th
 for a quiet machine). Memory, failed runs and diverged replicas are judged as always: another process does not
 change them. Unstable repeats and slow first windows are listed as warnings and change nothing.
 
+Time to accuracy (``bench run --to-accuracy``, records in ``RESULTS/accuracy``). Its records are grouped by
+configuration, target and schedule (``_accuracy.settings_key``), and judged on two things apart: convergence, the
+median epochs to the target over the runs (a run that never reached it counts as infinitely many): more than the
+baseline's is ``more epochs to accuracy``, a regression in convergence with its own summary line, whatever the
+speed; and speed, the runs' training throughput (samples/s of training, evaluation excluded), judged exactly as
+throughput is (significant AND beyond the threshold; inconclusive on disturbed runs).
+
 Exit codes: 0 nothing regressed; 1 something is slower or uses more memory; 2 bad input (a missing path,
 no records, bad option values, different hardware, or no configuration present on both sides: a gate
 that compared nothing must not pass); 3 inconclusive: nothing regressed, but at least one configuration was
-compared on disturbed runs. New and missing configurations are listed but do not fail; a
+compared on disturbed runs (a regression in convergence exits 1 too; its summary line says which kind). New and
+missing configurations are listed but do not fail; a
 configuration with a *failed* current run (crash, hang, out of memory), even beside ok repeats, fails the
 gate, and so does a current run whose replicas ended with different parameters
 (``replicas_consistent: false``).
@@ -249,18 +257,31 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
     for msg in env_warnings:
         warn(msg)
 
-    def groups(recs):
-        out = {}
-        for r in recs:
-            out.setdefault(_match_key(r, allow_different_hardware), []).append(r)
-        return out
+    from bench.commands._accuracy import is_accuracy
 
-    bg, cg = groups(base["ok"]), groups(cur["ok"])
-    b_other, c_other = groups(base["other"]), groups(cur["other"])
+    rows = []
+    # timed runs by configuration; bench run --to-accuracy's by configuration, target and schedule
+    for accuracy, key_of, one in ((False, _match_key, _compare_one), (True, _accuracy_key, _compare_accuracy)):
+        def groups(recs):
+            out = {}
+            for r in recs:
+                if is_accuracy(r) == accuracy:
+                    out.setdefault(key_of(r, allow_different_hardware), []).append(r)
+            return out
+
+        rows += _rows(groups(base["ok"]), groups(cur["ok"]), groups(base["other"]), groups(cur["other"]), one,
+                      threshold, alpha, test, gate_host_memory)
+    return _result(rows, base_hw, cur_hw, env_warnings, threshold, alpha, test, allow_different_hardware,
+                   gate_host_memory, warn)
+
+
+def _rows(bg, cg, b_other, c_other, one, threshold, alpha, test, gate_host_memory) -> list[dict]:
+    """A row per configuration on either side: compared by ``one`` where both have ok runs, else new, missing or
+    failed."""
     rows = []
     for key in sorted(set(bg) | set(cg), key=_sort_key):
         if key in bg and key in cg:
-            row = _compare_one(bg[key], cg[key], threshold, alpha, test, gate_host_memory)
+            row = one(bg[key], cg[key], threshold, alpha, test, gate_host_memory)
             failed = [r for r in c_other.get(key, []) if r["status"] == "failed"]
             if failed:  # a repeat that crashes beside ok ones is flaky, and flaky fails the gate
                 row["verdict"] = FAILED if row["verdict"] == SAME else f"{row['verdict']}, {FAILED}"
@@ -287,7 +308,11 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
                 r = c_other[key][-1]
                 why = f"current run {r['status']}: {r.get('reason') or 'no reason recorded'}"
             rows.append(_one_sided(bg[key], MISSING, why, "baseline"))
+    return rows
 
+
+def _result(rows, base_hw, cur_hw, env_warnings, threshold, alpha, test, allow_different_hardware, gate_host_memory,
+            warn) -> dict:
     compared = [r for r in rows if r["status"] == "compared"]
     inconclusive = [r for r in compared if r["inconclusive"]]
     if inconclusive:
@@ -314,6 +339,8 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
         "new": [r["config"] for r in rows if r["status"] == NEW],
         "missing": [r["config"] for r in rows if r["status"] == MISSING],
         "regressions": [r["config"] for r in rows if r["regression"]],
+        # bench run --to-accuracy: more epochs to the target than the baseline, apart from any slowdown
+        "convergence_regressions": [r["config"] for r in rows if r.get("convergence") == MORE_EPOCHS],
         "regressed": any(r["regression"] for r in rows),
         "inconclusive": [r["config"] for r in inconclusive],
         "warnings": list(dict.fromkeys(w for r in rows for w in r["warnings"])),
@@ -358,8 +385,14 @@ def _row(recs, status) -> dict:
 
 
 def _one_sided(recs, status, why, side) -> dict:
+    from bench.commands._accuracy import is_accuracy
+
     row = _row(recs, status)
-    row[side] = _public(_side_summary(recs))
+    if is_accuracy(recs[0]):
+        row["config"], row["kind"] = _accuracy_label(recs[0]), "accuracy"
+        row[side] = _accuracy_side(recs)
+    else:
+        row[side] = _public(_side_summary(recs))
     row["notes"].append(why)
     return row
 
@@ -373,46 +406,13 @@ def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict
         verdicts.append(SAME)
         notes.append("no valid window times on one side: throughput not compared")
     else:
-        from bench.core.stats import significance
-
-        ratio = c["median_throughput"] / b["median_throughput"]
-        p, min_p = significance(b["run_medians"], c["run_medians"], test)
-        row.update(ratio=ratio, p_value=p, min_p_value=min_p)
-        change = f"{(ratio - 1) * 100:+.1f}%"
-        if min_p > alpha:
-            row["underpowered"] = True
-            verdicts.append(SAME)
-            notes.append(f"{change}: too few runs for significance at alpha {alpha:g} ({len(b['run_medians'])} vs "
-                         f"{len(c['run_medians'])} runs; {TESTS[test]} cannot go below p={min_p:.2g}): NOT gated")
-        elif p >= alpha:
-            verdicts.append(SAME)
-            notes.append(f"{change}, not significant (p={p:.2g} >= alpha {alpha:g})")
-        elif ratio < 1 - threshold:
-            verdicts.append(SLOWER)
-            notes.append(f"{change} throughput, beyond the {_pct(threshold)} threshold")
-        elif ratio > 1 + threshold:
-            verdicts.append(FASTER)
-            notes.append(f"{change} throughput, beyond the {_pct(threshold)} threshold")
-        else:
-            verdicts.append(SAME)
-            notes.append(f"{change} is significant (p={p:.2g}) but within the {_pct(threshold)} threshold")
+        verdicts.append(_speed(row, b, c, threshold, alpha, test, "throughput"))
     from bench.core import trust
 
     for side, recs in (("baseline", brecs), ("current", crecs)):
         row["warnings"] += [trust.text({**w, "subject": f"{side} {w['subject']}"}) for w in trust.config_warnings(recs)]
-    disturbed = [(side, r) for side, recs in (("baseline", brecs), ("current", crecs))
-                 for r in recs if r.get("disturbed")]
-    if disturbed and b["windows"] and c["windows"]:
-        # another process (or a throttled GPU) set the pace of these runs: no verdict on speed either way
-        row["inconclusive"] = True
-        sides = ", ".join(f"{sum(s == side for s, _ in disturbed)} {side}" for side in ("baseline", "current")
-                          if any(s == side for s, _ in disturbed))
-        why = list(dict.fromkeys(x for _, r in disturbed for x in r.get("disturbed_reasons") or []))
-        notes.append(f"inconclusive: {sides} run(s) disturbed ({'; '.join(why[:2]) or 'no reason recorded'}); "
-                     f"on these runs the verdict would be '{verdicts[0]}'"
-                     + ("; re-record the baseline on a quiet machine" if any(s == "baseline" for s, _ in disturbed)
-                        else "; run the gate again on a quiet machine"))
-        verdicts[0] = INCONCLUSIVE
+    if b["windows"] and c["windows"]:
+        verdicts[0] = _disturbed(row, brecs, crecs, verdicts[0])
     row["throughput_verdict"] = verdicts[0]
 
     regression = verdicts[0] == SLOWER
@@ -442,6 +442,124 @@ def _compare_one(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict
     if verdicts[0] == SAME and len(verdicts) > 1:
         verdicts = verdicts[1:]  # "more memory" alone reads better than "no significant change, more memory"
     row["verdict"] = ", ".join(verdicts)
+    row["regression"] = regression
+    return row
+
+
+def _speed(row: dict, b: dict, c: dict, threshold: float, alpha: float, test: str, what: str) -> str:
+    """The speed verdict from the two sides' run medians (``median_throughput``, ``run_medians``): slower or faster
+    only when significant across runs AND beyond the threshold; the ratio, p-values and a note go into ``row``."""
+    from bench.core.stats import significance
+
+    notes = row["notes"]
+    ratio = c["median_throughput"] / b["median_throughput"]
+    p, min_p = significance(b["run_medians"], c["run_medians"], test)
+    row.update(ratio=ratio, p_value=p, min_p_value=min_p)
+    change = f"{(ratio - 1) * 100:+.1f}%"
+    if min_p > alpha:
+        row["underpowered"] = True
+        notes.append(f"{change}: too few runs for significance at alpha {alpha:g} ({len(b['run_medians'])} vs "
+                     f"{len(c['run_medians'])} runs; {TESTS[test]} cannot go below p={min_p:.2g}): NOT gated")
+        return SAME
+    if p >= alpha:
+        notes.append(f"{change}, not significant (p={p:.2g} >= alpha {alpha:g})")
+        return SAME
+    if ratio < 1 - threshold:
+        notes.append(f"{change} {what}, beyond the {_pct(threshold)} threshold")
+        return SLOWER
+    if ratio > 1 + threshold:
+        notes.append(f"{change} {what}, beyond the {_pct(threshold)} threshold")
+        return FASTER
+    notes.append(f"{change} is significant (p={p:.2g}) but within the {_pct(threshold)} threshold")
+    return SAME
+
+
+def _disturbed(row: dict, brecs: list[dict], crecs: list[dict], verdict: str) -> str:
+    """INCONCLUSIVE where a run on either side was disturbed (another process or a throttled GPU set its pace: no
+    verdict on speed either way), with a note of what the verdict would have been; else ``verdict``."""
+    disturbed = [(side, r) for side, recs in (("baseline", brecs), ("current", crecs))
+                 for r in recs if r.get("disturbed")]
+    if not disturbed:
+        return verdict
+    row["inconclusive"] = True
+    sides = ", ".join(f"{sum(s == side for s, _ in disturbed)} {side}" for side in ("baseline", "current")
+                      if any(s == side for s, _ in disturbed))
+    why = list(dict.fromkeys(x for _, r in disturbed for x in r.get("disturbed_reasons") or []))
+    row["notes"].append(f"inconclusive: {sides} run(s) disturbed ({'; '.join(why[:2]) or 'no reason recorded'}); "
+                        f"on these runs the verdict would be '{verdict}'"
+                        + ("; re-record the baseline on a quiet machine" if any(s == "baseline" for s, _ in disturbed)
+                           else "; run the gate again on a quiet machine"))
+    return INCONCLUSIVE
+
+
+# ---------------------------------------------------------------------------------------------------
+# Time to accuracy (bench run --to-accuracy): convergence, apart from speed
+
+MORE_EPOCHS, FEWER_EPOCHS = "more epochs to accuracy", "fewer epochs to accuracy"
+
+
+def _accuracy_key(rec: dict, ignore_hardware: bool) -> tuple:
+    from bench.commands import _accuracy
+
+    return _match_key(rec, ignore_hardware) + _accuracy.settings_key(rec)
+
+
+def _accuracy_label(rec: dict) -> str:
+    a = rec.get("accuracy_settings") or {}
+    return f"{label(rec)} to {100 * a.get('target', 0):g}% top-1, {a.get('scaling')} scaling"
+
+
+def _accuracy_side(recs: list[dict]) -> dict:
+    """A side of a to-accuracy configuration: epochs to accuracy (median over runs; infinity where most did not reach
+    the target) and its training throughput by run (samples/s of training, evaluation excluded: the speed part)."""
+    import statistics
+
+    from bench.commands import _accuracy
+
+    thr = [r["train_throughput"] for r in recs if r.get("train_throughput")]
+    epochs = [_accuracy.reached_epochs(r) for r in recs]
+    times = [r["time_to_accuracy_seconds"] for r in recs if r.get("reached")]
+    return {"runs": len(recs), "reached": sum(bool(r.get("reached")) for r in recs),
+            "epochs_to_accuracy": statistics.median(epochs), "run_epochs": epochs,
+            "time_to_accuracy_seconds": statistics.median(times) if times else None,
+            "best_accuracy": max(r["best_accuracy"] for r in recs), "median_throughput": _median(thr),
+            "run_medians": thr, "run_ids": [r.get("run_id") for r in recs]}
+
+
+def _compare_accuracy(brecs, crecs, threshold, alpha, test, gate_host_memory) -> dict:
+    """Convergence first: the current side needs more epochs to reach the target than the baseline (or misses it) is
+    a regression of its own (MORE_EPOCHS, ``convergence``), whatever the speed. Then speed, judged as throughput is:
+    the training throughput of the runs (significant across runs AND beyond the threshold is slower or faster)."""
+    row = _row(crecs, "compared")
+    row["config"], row["kind"] = _accuracy_label(crecs[0]), "accuracy"
+    b, c = _accuracy_side(brecs), _accuracy_side(crecs)
+    row["baseline"], row["current"] = b, c
+    inf = float("inf")
+    be, ce = b["epochs_to_accuracy"], c["epochs_to_accuracy"]
+    shown = lambda e: "not reached" if e == inf else f"{e:g}"  # noqa: E731
+    if ce > be:
+        row["convergence"] = MORE_EPOCHS
+        row["notes"].append(f"needs more epochs to reach the target: {shown(ce)} against {shown(be)} in the baseline "
+                            f"(median over {c['runs']} and {b['runs']} runs; best top-1 {100 * c['best_accuracy']:.1f}%)")
+    elif ce < be:
+        row["convergence"] = FEWER_EPOCHS
+        row["notes"].append(f"fewer epochs to the target: {shown(ce)} against {shown(be)}")
+    else:
+        row["convergence"] = None
+        row["notes"].append(f"the same epochs to the target ({shown(ce)})")
+    if b["median_throughput"] and c["median_throughput"]:
+        speed = _disturbed(row, brecs, crecs, _speed(row, b, c, threshold, alpha, test, "training throughput"))
+    else:
+        speed = SAME
+        row["notes"].append("no training throughput on one side: speed not compared")
+    row["throughput_verdict"] = speed
+    verdicts = [v for v in (row["convergence"], speed if speed != SAME else None) if v]
+    regression = row["convergence"] == MORE_EPOCHS or speed == SLOWER
+    if any(r.get("replicas_consistent") is False for r in crecs):
+        verdicts.append(REPLICAS_DIFFER)
+        regression = True
+        row["notes"].append("ranks ended with different parameters (replicas_consistent: false)")
+    row["verdict"] = ", ".join(verdicts) or SAME
     row["regression"] = regression
     return row
 
@@ -508,11 +626,12 @@ def render_md(result: dict) -> str:
         lines.append(f"> warning: {w}  ")
     if result["env_warnings"]:
         lines.append("")
+    timed = [r for r in result["rows"] if r.get("kind") != "accuracy"]
     # a row's unit is its workload's: images, or sequences for a GPT configuration (its config names "seq N")
-    unit = "img/s" if not any(" seq " in r["config"] for r in result["rows"]) else "samples/s (img or seq)"
+    unit = "img/s" if not any(" seq " in r["config"] for r in timed) else "samples/s (img or seq)"
     lines += [f"| config | baseline {unit} | current {unit} | ratio | p-value | peak memory (GiB) | verdict | notes |",
-              "|---|--:|--:|--:|--:|---|---|---|"]
-    for r in result["rows"]:
+              "|---|--:|--:|--:|--:|---|---|---|"] if timed else []
+    for r in timed:
         b, c = r["baseline"], r["current"]
         base = _side_cell(b)
         cur = _side_cell(c)
@@ -521,11 +640,41 @@ def render_md(result: dict) -> str:
         verdict = f"**{r['verdict']}**" if r["regression"] else r["verdict"]
         lines.append("| " + " | ".join(_cell(x) for x in (r["config"], base, cur, ratio, p, _memory_cell(r), verdict,
                                                            "; ".join(r["notes"]))) + " |")
+    lines += accuracy_table([r for r in result["rows"] if r.get("kind") == "accuracy"])
     if result["warnings"]:
         lines += ["", "**Warnings** (figures that should not be believed as they stand):", ""]
         lines += [f"- {w}" for w in result["warnings"]]
     lines += ["", summary_line(result), ""]
     return "\n".join(lines)
+
+
+def accuracy_table(rows: list[dict]) -> list[str]:
+    """bench run --to-accuracy's configurations: epochs to the target (the convergence verdict) beside the training
+    throughput (the speed verdict, judged as throughput is)."""
+    if not rows:
+        return []
+
+    def side(x: dict | None) -> str:
+        if not x:
+            return "-"
+        e = x["epochs_to_accuracy"]
+        epochs = "not reached" if e == float("inf") else f"{e:g} epochs"
+        t = f", {x['time_to_accuracy_seconds']:.1f} s" if x.get("time_to_accuracy_seconds") is not None else ""
+        thr = f", {_num(x['median_throughput'])}/s training" if x.get("median_throughput") else ""
+        return f"{epochs}{t}{thr} ({x['reached']} of {x['runs']} runs reached)"
+
+    out = ["", "### Time to accuracy (bench run --to-accuracy)", "",
+           "Convergence and speed apart: *more epochs to accuracy* (the current side needs more epochs than the "
+           "baseline to reach the same target, or misses it) fails the gate as a regression in convergence; the "
+           "training throughput (samples/s of training, evaluation excluded) is judged as throughput is.", "",
+           "| config | baseline | current | throughput ratio | p-value | verdict | notes |", "|---|---|---|--:|--:|---|---|"]
+    for r in rows:
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+        p = f"{r['p_value']:.2g}" if r["p_value"] is not None else "-"
+        verdict = f"**{r['verdict']}**" if r["regression"] else r["verdict"]
+        out.append("| " + " | ".join(_cell(x) for x in (r["config"], side(r["baseline"]), side(r["current"]), ratio, p,
+                                                        verdict, "; ".join(r["notes"]))) + " |")
+    return out
 
 
 def summary_line(result: dict) -> str:
@@ -538,6 +687,13 @@ def summary_line(result: dict) -> str:
     tail = f"{result['compared']} compared ({parts}); {len(result['new'])} new, {len(result['missing'])} missing"
     if not result["compared"]:
         return f"**ERROR:** nothing compared; {len(result['new'])} new, {len(result['missing'])} missing. Exit 2."
+    slow = [c for c in result["regressions"] if c not in result.get("convergence_regressions", [])]
+    if result.get("convergence_regressions"):
+        line = (f"**REGRESSION IN CONVERGENCE** in {len(result['convergence_regressions'])} configuration(s): more "
+                f"epochs to the target than the baseline ({'; '.join(result['convergence_regressions'])}).")
+        if slow:
+            line += f"\n\n**REGRESSION** in {len(slow)} more configuration(s)."
+        return f"{line} {tail}. Exit 1."
     if result["regressed"]:
         return f"**REGRESSION** in {len(result['regressions'])} configuration(s): {tail}. Exit 1."
     if result["inconclusive"]:
