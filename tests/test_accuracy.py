@@ -461,3 +461,32 @@ def test_the_report_of_real_runs(real, tmp_path):
     res = json.loads(got.stdout)
     assert [r["config"].split(" ")[0] for r in res["rows"] if r.get("convergence") == "more epochs to accuracy"] == [
         "ddp"]
+
+
+@pytest.mark.slow
+def test_real_data_in_class_folders_trains_to_its_target(tmp_path):
+    """--data imagenet: DIR/train/<class>/ through the torchvision loader and DIR/val/<class>/ held out, as CIFAR-10 or
+    Imagenette exported as folders would be; three colours under noise, learnable to 90% in an epoch or two."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    colours = {"red": (200, 40, 40), "green": (40, 200, 40), "blue": (40, 40, 200)}
+    for split, n in (("train", 48), ("val", 10)):
+        for name, rgb in colours.items():
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            for i in range(n):
+                pixels = np.clip(rng.normal(rgb, 60, (24, 24, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "data" / split / name / f"{i}.JPEG")
+    raw = tmp_path / "raw"
+    bench_inproc("run", "--to-accuracy", "0.9", "--data", "imagenet", "--data-dir", tmp_path / "data", "--model",
+                 "cnn-tiny", "--image-size", "16", "--device", "cpu", "--backends", "single", "--gpus", "1",
+                 "--batch-size", "8", "--base-lr", "0.05", "--max-epochs", "6", "--workers", "0", "--results", raw,
+                 check=True)
+    (r,) = records(raw / "accuracy")
+    assert r["status"] == "ok" and r["reached"] and r["epochs_to_accuracy"] <= 6 and r["best_accuracy"] >= 0.9
+    assert r["steps_per_epoch"] == 144 // 8 and r["samples_per_epoch"] == 144  # the loader's length: 3 x 48 images
+    assert r["dataset"] == {"kind": "imagenet", "data_dir": str(tmp_path / "data"), "train_samples": 144,
+                            "held_out_samples": 30, "reachable_accuracy": None, "loader": "torchvision",
+                            "decode": "cpu", "workers": 0}
+    assert r["eval_samples"] == 30 and r["data"] == "imagenet"
