@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from bench.commands import _accuracy
-from bench.commands.report.common import label, md_table, save_figure, slug, workload_title
+from bench.commands.report.common import ORDER, label, md_table, save_figure, slug, workload_title
 from bench.core import results, workloads
 
 BLOCK = ("device_type", "hardware", *workloads.FIELDS, "data", "precision")
@@ -75,7 +75,7 @@ def configurations(recs: list[dict]) -> list[dict]:
             disturbed=sum(bool(r.get("disturbed")) for r in ok), settings=first.get("accuracy_settings") or {},
             dataset=first.get("dataset") or {}, not_ok=[r for r in row["_recs"] if r["status"] != "ok"])
         rows.append(row)
-    rows.sort(key=lambda r: (r["block"], str(r["scaling"]), r["world_size"], r["global_batch"], str(r["backend"])))
+    rows.sort(key=lambda r: (r["block"], str(r["scaling"]), r["world_size"], r["global_batch"], _order(r["backend"])))
     return rows
 
 
@@ -93,7 +93,12 @@ def reference(block: list[dict]) -> dict | None:
     the target (its epochs are what a throughput comparison takes for granted)."""
     done = [r for r in block if r["all_reached"]]
     return min(done, key=lambda r: (r["global_batch"], r["world_size"], str(r["scaling"]) != "none",
-                                    str(r["backend"]))) if done else None
+                                    _order(r["backend"]))) if done else None
+
+
+def _order(backend: str) -> tuple:
+    """The report's order of backends (single first), the others by name."""
+    return (ORDER.index(backend), "") if backend in ORDER else (len(ORDER), str(backend))
 
 
 def name(r: dict) -> str:
