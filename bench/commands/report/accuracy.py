@@ -411,5 +411,5 @@ def report_alone(src: Path, out: Path, warn) -> int:
     page = out / "REPORT.html"
     write_atomic(page, html.page(text, [{"_recs": recs}], src / _accuracy.KIND, out))
     print(f"report: {(out / 'REPORT.md').resolve()}\nhtml:   {page.resolve()}")
-    print("\n".join(["", "== Verdict"] + verdict.console_lines(vs)))
+    print("\n".join(["", "== Verdict"] + verdict.console_lines(vs, [])))
     return 0
