@@ -76,10 +76,12 @@ class Backend:
         return None
 
     max_world_size: int | None = None  # the largest world size it runs at (single: 1); None: any
+    max_world_size_why = ""  # why, for the planner's note (default: "it runs at world size N only")
 
-    def world_size_limit(self, device_type: str) -> int | None:
-        """The largest world size this backend runs at on ``device_type`` (None: any); a sweep plans no larger."""
-        return self.max_world_size
+    def world_size_limit(self, device_type: str) -> tuple[int | None, str]:
+        """The largest world size this backend runs at on ``device_type`` (None: any), and why; the planner plans no
+        larger and says so."""
+        return self.max_world_size, self.max_world_size_why
 
     def planned_runs(self, device_type: str, world_size: int, cudnn_benchmark: bool | None) -> list[tuple]:
         """The runs a sweep plans of this backend at ``world_size``: (cudnn_benchmark, note) each; ``cudnn_benchmark``

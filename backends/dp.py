@@ -42,6 +42,9 @@ REFUSED = {
 }
 
 
+REFUSED_CPU = ("nn.DataParallel cannot parallelise on CPU (it replicates over CUDA devices only); run dp on GPUs, or "
+               "ddp/ddp_spawn for several CPU workers")
+
 # cudnn.benchmark off, planned beside the default on several GPUs (Backend.planned_runs)
 CUDNN_OFF_NOTE = ("labelled variant with cudnn.benchmark off: cuDNN's benchmark cache is per thread and "
                   "DataParallel runs its replicas in new threads every step")
@@ -51,7 +54,9 @@ class DataParallel(Backend):
     knobs = ()  # no common knob: REFUSED says why
 
     def world_size_limit(self, device_type):
-        return 1 if device_type == "cpu" else None  # one process, no replicas on a CPU: world size 1 only
+        if device_type == "cpu":  # one process, no replicas on a CPU: world size 1 only
+            return 1, REFUSED_CPU
+        return None, ""
 
     def planned_runs(self, device_type, world_size, cudnn_benchmark):
         runs = super().planned_runs(device_type, world_size, cudnn_benchmark)
@@ -61,8 +66,7 @@ class DataParallel(Backend):
 
     def unavailable(self, cfg):
         if cfg.device_type == "cpu" and cfg.world_size > 1:
-            return ("nn.DataParallel cannot parallelise on CPU (it replicates over CUDA devices only); "
-                    "run dp on GPUs, or ddp/ddp_spawn for several CPU workers")
+            return REFUSED_CPU
         refused = [REFUSED[k] for k in REFUSED if (cfg.options or {}).get(k) not in (None, False)]
         if refused:
             return "; ".join(refused)

@@ -77,7 +77,8 @@ def test_world_sizes_sweep_powers_of_two_and_the_top():
     (["--precision", "fp8"], "bench: error: unknown precision 'fp8'; choose from fp32, fp16, bf16"),
     (["--gpus", "one"], "bench: error: --gpus 'one': expected comma-separated positive integers such as 1,2,4"),
     (["--timeout", "-1"], "bench: error: timeout must be a positive number of seconds, got -1.0"),
-    (["--backends", "single", "--gpus", "2"], "bench: error: nothing to run: single runs on 1 device only"),
+    (["--backends", "single", "--gpus", "2"], "bench: error: nothing to run: single not planned at world size 2: the "
+                                             "scaling baseline runs on 1 device only"),
     (["--batch-size", "big"], "bench: error: argument --batch-size: invalid int value: 'big' (see python -m bench run --help)"),
     (["--hvd-compression", "zip"], "bench: error: argument --hvd-compression: invalid choice: 'zip'"),
     (["--warmup", "1"], "bench: error: warmup 1 is too short to reach steady state; use at least 2 (step 1 pays "

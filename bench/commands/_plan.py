@@ -267,15 +267,16 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     cpu_top = max(sizes) if device_type == "cpu" and not args.gpus and nnodes == 1 and len(sizes) > 1 else None
     limits = {name: backends.create(name).world_size_limit(device_type) for name in names}
     if cpu_top:
-        ones = [name for name in names if limits[name] == 1]
+        ones = [name for name in names if limits[name][0] == 1]
         notes.append(f"CPU sweep: {' and '.join(ones) + ' at 1 worker, the others' if ones else 'every backend'} at "
                      f"{cpu_top} workers only (--gpus 1,{cpu_top} runs every size)")
     for name in names:
         backend = backends.create(name)
-        limit = limits[name]
+        limit, why = limits[name]
         beyond = [n for n in sizes if limit and n > limit]
         if beyond and nnodes == 1 and not cpu_top:
-            notes.append(f"{name} runs at world size {limit} only here; not planned at {', '.join(map(str, beyond))}")
+            notes.append(f"{name} not planned at world size {', '.join(map(str, beyond))}: "
+                         f"{why or f'it runs at world size {limit} only'}")
         for n in sizes:
             if cpu_top and n != cpu_top and limit != 1:
                 continue

@@ -334,13 +334,14 @@ def test_single_and_dp_run_one_process_in_place(sweep):
     assert single["backend_info"]["grad_reduce_dtype"] is None  # one process on one device: nothing is reduced
     assert single["backend_info"]["channels_last"] == {"inputs": True, "parameters": "channels_last"}
     assert dp["note"].startswith("nn.DataParallel on CPU calls the module directly")
-    # at 2 ranks on CPU: skipped with the reason, before anything is launched
-    [two] = planned("dp", 2)
-    assert backends.create("dp").unavailable(two).startswith("nn.DataParallel cannot parallelise on CPU")
-    # the scaling baseline runs on one device only, and a sweep says so
+    # at 2 ranks on CPU: not planned, with the reason, before anything is launched
+    assert planned("dp", 2) == []
+    # the scaling baseline runs on one device only, and dp on one CPU process: a sweep says so
     configs, notes = plan(parse_run(["--backends", "single,dp", "--gpus", "1,2", *TINY]))
-    assert [(c.backend, c.world_size) for c in configs] == [("single", 1), ("dp", 1), ("dp", 2)]
-    assert notes == ["single runs on 1 device only (the scaling baseline); not planned at world size 2"]
+    assert [(c.backend, c.world_size) for c in configs] == [("single", 1), ("dp", 1)]
+    assert notes == ["single not planned at world size 2: the scaling baseline runs on 1 device only",
+                     "dp not planned at world size 2: nn.DataParallel cannot parallelise on CPU (it replicates over "
+                     "CUDA devices only); run dp on GPUs, or ddp/ddp_spawn for several CPU workers"]
 
 
 @pytest.mark.slow
