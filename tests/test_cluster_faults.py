@@ -1,5 +1,5 @@
-"""Faults at cluster scale (README: When runs fail): a node that dies or freezes mid-window is named within 30 s,
-a harness killed with SIGKILL takes every process of its run with it on every launcher, a full disk leaves no
+"""Faults at cluster scale (docs/measuring.md: When runs fail): a node that dies or freezes mid-window is named within
+30 s, a harness killed with SIGKILL takes every process of its run with it on every launcher, a full disk leaves no
 partial result file and says so in one line, and two sweeps writing into one results directory lose nothing."""
 import errno
 import json

@@ -1,4 +1,4 @@
-"""The layering (README: Layout), read from the code's own imports with ast, so it holds without anyone watching:
+"""The layering (README: A code tour, in reading order), read from the code's own imports with ast, so it holds without anyone watching:
 
     bench/cli.py -> bench/commands -> bench/launch -> bench/rank -> backends -> bench/core
 

@@ -1,4 +1,4 @@
-"""Workloads beyond the torchvision models (README: Workloads): the GPT ladder on synthetic tokens, the optimizer
+"""Workloads beyond the torchvision models (docs/workloads.md): the GPT ladder on synthetic tokens, the optimizer
 choice, activation checkpointing, and the user's own model (tests/user_model.py), through the same harness."""
 import json
 

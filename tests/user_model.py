@@ -1,5 +1,5 @@
-"""An example of your own model for ``--model package.module:factory`` (README: Workloads), used by the tests:
-``--model tests.user_model:factory`` from the repository's root. A small classifier on random feature vectors."""
+"""An example of your own model for ``--model package.module:factory`` (docs/workloads.md: Your own model), used by the
+tests: ``--model tests.user_model:factory`` from the repository's root. A small classifier on random feature vectors."""
 import torch
 
 
