@@ -67,6 +67,23 @@ def _quantile_linear(ordered: np.ndarray, p: float) -> float:
 def hierarchical_ci95(runs: list[np.ndarray], n_resamples: int = N_RESAMPLES, seed: int = 0) -> list[float]:
     """95% percentile interval of the median of run medians, resampling runs, then windows within each
     chosen run (the two levels of variation a repeated benchmark has)."""
+    stat = _hierarchical_medians(runs, n_resamples, seed)
+    return [float(np.percentile(stat, 2.5)), float(np.percentile(stat, 97.5))]
+
+
+def bootstrap_medians(runs: list[np.ndarray], n_resamples: int = N_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """The bootstrap distribution of a configuration's median, as ``summarise_runs`` builds its interval: with one
+    run its windows resampled (within-run), with several the runs, then the windows within each (hierarchical). For
+    figures built from two configurations (a ratio: the harness against its plain twin, bench/core/reference.py)."""
+    runs = [np.asarray(w, dtype=float) for w in runs if w is not None and len(w)]
+    if len(runs) == 1:
+        x = runs[0]
+        rng = np.random.default_rng(seed)
+        return np.median(x[rng.integers(0, x.size, (n_resamples, x.size))], axis=-1)
+    return _hierarchical_medians(runs, n_resamples, seed)
+
+
+def _hierarchical_medians(runs: list[np.ndarray], n_resamples: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     r = len(runs)
     picks = rng.integers(0, r, size=(n_resamples, r))  # which run fills each slot of each resample
@@ -75,8 +92,7 @@ def hierarchical_ci95(runs: list[np.ndarray], n_resamples: int = N_RESAMPLES, se
         boot = rng.integers(0, w.size, size=(n_resamples, r, w.size))
         meds = np.median(w[boot], axis=2)
         run_medians[picks == i] = meds[picks == i]
-    stat = np.median(run_medians, axis=1)
-    return [float(np.percentile(stat, 2.5)), float(np.percentile(stat, 97.5))]
+    return np.median(run_medians, axis=1)
 
 
 def summarise_runs(runs: list[np.ndarray]) -> dict:

@@ -22,7 +22,8 @@ from bench.rank.memory import is_oom
 # task -> "module:function(spec)"; imported only when a rank runs it
 TASKS = {"train": "bench.rank.train:run", "verify": "bench.rank.verify:run_rank",
          "collectives": "bench.rank.collectives:run_rank", "overhead": "bench.rank.overhead:run_rank",
-         "accuracy": "bench.rank.accuracy:run_rank"}
+         "accuracy": "bench.rank.accuracy:run_rank",
+         "peak": "bench.rank.peak:run_rank"}
 
 
 def _spawned(index: int, spec: dict, nprocs: int) -> None:

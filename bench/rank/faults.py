@@ -16,6 +16,8 @@
     node-freezes@rank1:step6  the same with SIGSTOP: a node that stops answering without closing a connection
                               (a kernel hang, a partition); the test that injects it kills the frozen processes
     Both wait 1.5 s before acting, so the node's last heartbeat carries the phase it died in.
+    slow@rank0           every training step of that rank burns SLOW_SHARE (5%) more CPU time after it, in a busy
+                         loop inside the step (a harness that got 5% slower: ``bench run --reference`` must see it)
     watchdog-abort@rank0      once a training step of this rank fails (its peer died), the process is taken down as
                               NCCL's watchdog does (TORCH_NCCL_ASYNC_ERROR_HANDLING 1 or 3): SIGABRT from a thread
                               of its own while the main thread stays blocked, as in a CUDA synchronize
@@ -50,7 +52,8 @@ OOM_ERRORS = {
                  "Call to CUDA function failed.\nLast error:\nCuda failure 2 'out of memory'"),
 }
 KINDS = ("crash", "hang", "oom", *OOM_ERRORS, "diverge", "bloat", "grad-scale", "wrong-shard", "node-dies",
-         "node-freezes", "watchdog-abort")
+         "node-freezes", "watchdog-abort", "slow")
+SLOW_SHARE = 0.05  # slow: the CPU time each step burns beyond its own, as a share of it
 ANY_RANK = -1
 BLOAT_BYTES = 256 * 2 ** 20
 _SPEC = re.compile(r"^(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)(?:@rank(?P<rank>\d+|\*))?(?::step(?P<step>\d+))?$")
@@ -106,6 +109,8 @@ class Fault:
                     _watchdog_abort(backend)
 
             backend.step = step
+        if self._mine(backend, ("slow",)):
+            backend.step = slowed(backend.step)
         mine = self._mine(backend, ("crash", "hang", "oom", *OOM_ERRORS, "bloat", "node-dies", "node-freezes"))
         if not mine:
             return
@@ -126,6 +131,20 @@ class Fault:
         if self._mine(backend, ("diverge",)):
             with torch.no_grad():
                 next(backend.module.parameters()).add_(1e-3)
+
+
+def slowed(step, share: float = SLOW_SHARE, clock=time.process_time):
+    """``step``, followed inside the same call by a busy loop burning ``share`` of the CPU time the step took (the
+    process's CPU time: what a harness that does more per step costs, whatever else the machine runs)."""
+    def step_then_spin():
+        c0 = clock()
+        loss = step()
+        until = clock() + share * (clock() - c0)
+        while clock() < until:
+            pass
+        return loss
+
+    return step_then_spin
 
 
 def _whole_node(sig: int) -> None:

@@ -12,10 +12,12 @@ from bench.core.config import RunConfig
 from bench.rank import energy
 
 
-def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps: int) -> dict:
+def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps: int,
+                 measured_peak: dict | None = None) -> dict:
     record = results.skeleton(cfg.to_dict(), spec["run_id"], spec["env"])
     # The slowest rank sets the pace: a window lasts as long as its slowest rank.
     times = [max(ws) for ws in zip(*(r["window_seconds"] for r in per_rank))]
+    cpu = [max(c) for c in zip(*(r.get("window_cpu_seconds") or [] for r in per_rank))]  # the busiest rank per window
     global_batch = cfg.global_batch
     thr, ci = stats.median_ci95(stats.window_throughputs(times, global_batch * cfg.steps))
     waits = [r["data_wait_seconds"] for r in per_rank]
@@ -26,6 +28,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps:
     record.update(
         status="ok",
         window_seconds=times,
+        window_cpu_seconds=cpu or None,
         throughput=thr,
         throughput_ci95=ci,
         per_device_throughput=thr / cfg.world_size,
@@ -47,12 +50,15 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps:
         settle_steps=settle_steps,
         warmup_step_seconds=warm,
         compile_seconds=compile_seconds(warm) if (cfg.options or {}).get("compile") and warm else None,
+        compile_graphs=per_rank[0].get("compile_graphs"),  # graph breaks, graphs, any compiled inside a window
+        sdpa=per_rank[0].get("sdpa"),  # a GPT's attention kernels (bench/rank/compiled.py)
         backend_info=per_rank[0].get("backend_info"),
         numerics=per_rank[0].get("numerics"),  # which dtype norms, attention, the residual stream ran in (numerics.py)
         **eval_fields(per_rank),
         **compute_only_fields(per_rank),
         **energy_fields(per_rank, times, global_batch * cfg.steps, global_batch * cfg.steps * len(times)),
         **flops_fields(cfg, memory, thr),
+        **measured_peak_fields(cfg, thr, measured_peak),
         trace=trace_fields(per_rank),
         profiler_in_windows=any(r.get("profiler_in_windows") for r in per_rank),
         loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
@@ -110,6 +116,26 @@ def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:
     return {"flops_per_sample": per_sample, "peak_tflops_per_device": peak, "peak_tflops_source": source,
             "tf32": tf32 if cfg.device_type == "cuda" else None,
             "mfu": mfu.mfu(per_sample, throughput, peak, cfg.world_size)}
+
+
+def measured_peak_fields(cfg: RunConfig, throughput: float, measured: dict | None) -> dict:
+    """MFU against the matmul rate this device was measured to sustain (bench/rank/peak.py: ``measured``, the cache
+    entry's figures, or None when none was asked for) and the precision mode that both peaks are for (``peak_mode``:
+    bf16, fp32 with TF32 on or off, fp32 on a CPU)."""
+    from bench.core.peak import mode
+
+    return {"peak_mode": mode(cfg.precision, tf32_applies(cfg)), "peak_measured": measured,
+            "mfu_measured": mfu.mfu(cfg.flops_per_sample, throughput, (measured or {}).get("tflops"), cfg.world_size)}
+
+
+def tf32_applies(cfg: RunConfig) -> bool | None:
+    """Whether an fp32 run's FLOPs run on TF32 tensor cores: cuDNN's flag for a torchvision model (convolutions), the
+    matmul flag for the others (bench/core/mfu.py); None off CUDA or at another precision."""
+    if cfg.device_type != "cuda" or cfg.precision != "fp32":
+        return None
+    if cfg.workload.kind == "vision":
+        return bool(torch.backends.cudnn.allow_tf32)
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def state_fields(per_rank: list[dict], memory: list[dict]) -> list[dict] | None:

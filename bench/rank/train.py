@@ -18,13 +18,14 @@ import backends
 from bench.core import results
 from bench.core.config import RunConfig
 from bench.core.markers import REFUSED_EXIT, REFUSED_MARKER
-from bench.rank import data, lifeline
+from bench.rank import compiled as compile_probe
+from bench.rank import data, lifeline, peak
 from bench.rank.energy import EnergyMeter, window_energy
 from bench.rank.evaluate import evaluate
 from bench.rank.faults import Fault
 from bench.rank.memory import host_peak_rss, limit_memory, memory_stats, reset_peaks
 from bench.rank.numerics import probe as probe_numerics
-from bench.rank.record import build_record, param_checksum
+from bench.rank.record import build_record, param_checksum, tf32_applies
 from bench.rank.trace import capture, profiler_active, trace_path
 
 
@@ -69,7 +70,10 @@ def run(spec: dict) -> None:
     sync()
     scale_after_warmup, count_after_warmup = backend.loss_scale(), backend.skipped_steps()
     meter = EnergyMeter(backend.devices())
+    compiling = bool((cfg.options or {}).get("compile"))
+    graphs_before = compile_probe.dynamo_counters() if compiling else None  # compilation is warm-up's
     timed = windows(backend, cfg, sync, meter, waited)
+    graphs = compile_probe.compile_fields(graphs_before, compile_probe.dynamo_counters() if compiling else None)
 
     lifeline.set_phase("after the windows")
     fault.after_training(backend)
@@ -95,10 +99,19 @@ def run(spec: dict) -> None:
         lifeline.set_phase("trace")
         trace = capture(backend, spec["trace_steps"], sync, trace_path(spec, backend.rank))
     lifeline.set_phase("numerics probe")
-    numerics = probe_numerics(backend, compiled=bool((cfg.options or {}).get("compile")))  # one more step, watched
+    numerics = probe_numerics(backend, compiled=compiling)  # one more step, watched
+    attention = None
+    if cfg.workload.kind == "language":  # which SDPA kernel ran: one more step, profiled (bench/rank/compiled.py)
+        lifeline.set_phase("attention kernel probe")
+        attention = compile_probe.sdpa_kernels(backend)
+    measured_peak = None
+    if backend.rank == 0:  # the first run of a sweep measures its device's matmul peak; the others read the cache
+        lifeline.set_phase("matmul peak")
+        measured_peak = peak.for_run(spec, cfg, backend.devices()[0], tf32_applies(cfg))
     mine = {
         "rank": backend.rank,
         "window_seconds": timed["seconds"],
+        "window_cpu_seconds": timed["cpu"],
         "data_wait_seconds": timed["data_wait"] if waited else None,
         "corrupt_images_skipped": backend.batches.skipped if waited else None,
         "empty_classes": backend.batches.empty_classes if waited else None,
@@ -126,11 +139,13 @@ def run(spec: dict) -> None:
         "profiler_in_windows": timed["profiler"] or bool(compute_only and compute_only["profiler"]),
         "python_prefix": sys.prefix,  # the environment this rank imported from (the launcher's interpreter)
         "numerics": numerics,
+        "compile_graphs": graphs,
+        "sdpa": attention,
     }
     lifeline.set_phase("gathering the record")
     gathered = backend.all_gather(mine)
     if backend.rank == 0:
-        record = build_record(cfg, spec, gathered, SETTLE_STEPS)
+        record = build_record(cfg, spec, gathered, SETTLE_STEPS, measured_peak)
         record.update(hosts=hosts, launched_by=spec.get("launched_by"), windows_wall_span=timed["wall_span"],
                       compute_only_wall_span=compute_only and compute_only["wall_span"])
         results.save(record, spec["results_dir"])
@@ -139,12 +154,13 @@ def run(spec: dict) -> None:
 
 
 SETTLE_STEPS = 1  # untimed steps between the peak reset and the first window
+cpu_clock = time.process_time  # CPU time of the process, all threads (bench/core/reference.py: the twin on CPUs)
 
 
 def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "window") -> dict:
     """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
     t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region."""
-    out = {"seconds": [], "data_wait": [], "skipped": [], "energy": [], "profiler": False}
+    out = {"seconds": [], "cpu": [], "data_wait": [], "skipped": [], "energy": [], "profiler": False}
     for i in range(cfg.windows):
         lifeline.set_phase(f"{phase} {i + 1} of {cfg.windows}")  # several nodes: where a lost node was
         backend.barrier()  # start every window together; the barrier itself is not timed
@@ -154,10 +170,12 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "wi
         if i == 0:  # energy over the whole span: NVML's counter is too coarse for one window (bench/rank/energy.py)
             first_joules, e0, wall0 = joules, time.perf_counter(), time.time()
         w0 = backend.batches.wait_seconds if waited else 0.0
+        c0 = cpu_clock()  # this process's CPU time (every thread): the plain twin's comparison on CPUs
         t0 = time.perf_counter()
         backend.train(cfg.steps)
         sync()
         out["seconds"].append(time.perf_counter() - t0)
+        out["cpu"].append(cpu_clock() - c0)
         out["data_wait"].append(backend.batches.wait_seconds - w0 if waited else 0.0)
         out["skipped"].append(skips(scale, backend.loss_scale(), count, backend.skipped_steps()))
         last_joules = meter.read()
