@@ -76,14 +76,17 @@ install: venv horovod
 # With DATA, the same sweep also runs on synthetic data (the model alone) and `bench loader` measures every
 # loader's ceiling (no model), so the report's "Input bound" section can compare the three.
 COLLECTIVES_ARGS ?=
+# Each configuration's plain twin (bench/twins, docs/close-to-the-machine.md) runs beside it: the report's harness
+# overhead; REFERENCE= leaves it out.
+REFERENCE ?= --reference
 # Each step's command is printed, then run (not the shell block that strings them together).
 bench: install
 	@status=0; \
-	echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS))'; \
-	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(DATA_ARGS) $(ARGS) || status=$$?; \
+	echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(DATA_ARGS) $(ARGS))'; \
+	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(DATA_ARGS) $(ARGS) || status=$$?; \
 	if [ -n "$(DATA)" ]; then \
-	  echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(ARGS))'; \
-	  $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(ARGS) || status=1; \
+	  echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(ARGS))'; \
+	  $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(ARGS) || status=1; \
 	  echo '$(strip $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS))'; \
 	  $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS) || status=1; \
 	fi; \

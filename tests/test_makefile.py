@@ -14,7 +14,7 @@ def test_make_bench_prints_each_command_and_no_shell_block(tmp_path):
                            f"REPORT={tmp_path}/rep"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("true ")]
-    assert lines == [f"true -m bench run --max-gpus all --results {tmp_path}/raw",
+    assert lines == [f"true -m bench run --max-gpus all --results {tmp_path}/raw --reference",
                      f"true -m bench collectives --max-gpus all --results {tmp_path}/raw",
                      f"true -m bench overhead --results {tmp_path}/raw",
                      f"true -m bench report --results {tmp_path}/raw --out {tmp_path}/rep"]

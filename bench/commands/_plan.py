@@ -56,6 +56,13 @@ RUN_FLAGS = [
                                            "order (default 1); the run is the statistical unit"}),
         ("--cudnn-benchmark", {"choices": tuple(ON_OFF), "help": "torch.backends.cudnn.benchmark on CUDA (default "
                                                                  "on; DataParallel's sweep also runs it off)"}),
+        ("--reference", {"action": "store_true", "help": "also run each configuration's plain twin (bench/twins: the "
+                                                         "plainest PyTorch loop of the same workload on one device), "
+                                                         "interleaved; world-size-1 records get the harness overhead, "
+                                                         "1 - harness / twin, with its interval"}),
+        ("--refresh-peak", {"action": "store_true", "help": "measure the device's matmul peak again (it is measured "
+                                                            "once, by the first run that finds no cache entry, and "
+                                                            "reused: bench peak)"}),
     ]),
     ("data", [
         ("--data", {"default": "synthetic", "help": "synthetic (a fixed batch on the device) | imagenet | learnable "

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import backends
 from bench.commands import _accuracy, _nodes
+from bench.commands import _reference as reference
 from bench.commands._plan import add_run_arguments, check_writable, interleave, loader_unavailable, plan
-from bench.core import environment, traces, workloads
+from bench.core import environment, peak, results, traces, workloads
 from bench.core.devices import detect_device, usable_cpus
 from bench.core.errors import UsageError, warn
 from bench.core.trust import OTHERS_CPU_SHARE
@@ -55,6 +56,13 @@ def cmd_run(args) -> int:
         raise UsageError(f"--find-max-model runs no timed run{': it cannot go with --trace' if trace else ''}"
                          f"{'; search one thing at a time: --find-max-model or --find-max-batch' if args.find_max_batch else ''}")
     _accuracy.check_flags(args)  # --to-accuracy's flags and --data learnable only with it; its own defaults
+    if args.reference:
+        why = ("--external runs one rank of another engine" if args.external else
+               "--to-accuracy trains to a target, not in timed windows" if args.to_accuracy is not None else
+               "--find-max-batch and --find-max-model time no run" if args.find_max_batch or args.find_max_model
+               else None)
+        if why:
+            raise UsageError(f"--reference compares timed runs with their plain twins; {why}")
     if args.find_max_model:
         from bench.commands import _maxmodel
 
@@ -71,6 +79,8 @@ def cmd_run(args) -> int:
     if args.external:
         return run_external(args, configs)
     nodes = _nodes.parse_nodes(args)
+    if nodes is not None and args.reference:
+        raise UsageError("--reference runs each plain twin on one device of this machine; run it in a single-node sweep")
     if nodes is not None and args.resume:
         raise UsageError("--resume cannot be used with --nnodes: every node must run the same sweep in the same order")
     if args.find_max_batch:
@@ -87,16 +97,23 @@ def cmd_run(args) -> int:
     env_meta = environment.collect_env(backends.environment(c.backend for c in configs))
     if args.resume:
         configs = _not_yet_done(configs, results_dir, env_meta)
+    runnable = lambda c: not (loader_unavailable(c) or backends.create(c.backend).unavailable(c))  # noqa: E731
+    items = reference.plan(configs, runnable) if args.reference else [(reference.RUN, c) for c in configs]
+    # The first run that finds no cached matmul peak for its device and precision mode measures it (bench/rank/peak.py)
+    measured_peak = {"cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
     # Ctrl-C and SIGTERM end the sweep, whatever this process inherited: a shell script's background job starts with
     # SIGINT ignored, and Python then never installs its KeyboardInterrupt handler, so a `kill -INT` was lost.
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    records = []
+    records, twins = [], []
     try:
-        with progress.Sweep(len(configs)) as bar:
-            for i, cfg in enumerate(configs, 1):
+        with progress.Sweep(len(items)) as bar:
+            for i, (what, cfg) in enumerate(items, 1):
                 rep = f" (repeat {cfg.repeat_index}/{cfg.repeats})" if cfg.repeats > 1 else ""
                 knob = " cudnn.benchmark off" if cfg.cudnn_benchmark is False else ""
+                if what == reference.TWIN:
+                    twins.append(run_twin(cfg, results_dir, env_meta, bar, rep))
+                    continue
                 bar.start(f"{cfg.backend} x{cfg.world_size} on {cfg.device_type}: {cfg.model} {workloads.shape(cfg.to_dict())} "
                           f"batch {cfg.batch_size}/device {cfg.precision}{knob}{rep}")
                 # The machine around the run: load, others' CPU time and GPUs during its windows (bench/launch/
@@ -108,7 +125,7 @@ def cmd_run(args) -> int:
                     rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
                                          rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "",
                                          unavailable=loader_unavailable(cfg),
-                                         extra_spec={"trace_steps": trace} if trace else None)
+                                         extra_spec={"peak": measured_peak, **({"trace_steps": trace} if trace else {})})
                 rec = machine.attach(rec, watch, results_dir, waited)
                 records.append(rec)
                 bar.finish(summary.one_line(rec))
@@ -118,10 +135,28 @@ def cmd_run(args) -> int:
         summary.print_table(records)
         summary.print_warnings(records)
         return 130
+    if args.reference:
+        records = reference.attach(records, twins, results_dir)
     summary.print_table(records)
     summary.print_warnings(records)
+    for line in reference.lines(records):
+        print(line)
     # A run whose replicas diverged measured something other than data-parallel training: fail like a crash.
     return 1 if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records) else 0
+
+
+def run_twin(cfg, results_dir, env_meta, bar, rep: str) -> dict:
+    """One configuration's plain twin (bench run --reference), watched like a run."""
+    from bench import launch
+    from bench.launch import machine
+
+    bar.start(f"plain twin x1 on {cfg.device_type}: {cfg.model} {workloads.shape(cfg.to_dict())} batch {cfg.batch_size} "
+              f"{cfg.precision}{''.join(f' {k}' for k in ('channels_last', 'compile') if (cfg.options or {}).get(k))}{rep}")
+    with machine.Watch(cfg.device_type, machine.run_gpus(cfg.device_type, 1)) as watch:
+        rec = launch.run_twin(cfg, results_dir, env_meta)
+    rec = machine.attach(rec, watch, Path(results_dir) / "reference")
+    bar.finish(reference.twin_line(rec))
+    return rec
 
 
 def find_max_batch(args, configs, notes) -> int:
