@@ -19,7 +19,7 @@ whole wrapped model, where FSDP's hooks break the graph at every block; recorded
 Resharding after forward (torchtitan's ``apply_fsdp``): at world size 1 never, since a one-rank "shard" is the whole
 parameter and resharding only buys a second copy-in per group in backward; on several ranks every block reshards
 except the last, which backward needs first (FSDP2 would all-gather it again at once), and the root keeps FSDP2's
-default (no reshard). Prefetching is FSDP2's implicit one (backward all-gathers the next block while this one
+default (no reshard); ``--fsdp-reshard never|always`` overrides it (for ``bench tune``, which tries both). Prefetching is FSDP2's implicit one (backward all-gathers the next block while this one
 computes). Each FSDP2 group costs host time per step whatever its size (its hooks, copy-in and copy-out: about 0.2 ms
 a group on a 2-core CPU, ``bench overhead``), which is why the norm groups below are no more than needed. Recorded in
 ``backend_info``: the groups, the reshard policy, the prefetch, the optimizer's implementation.
@@ -41,6 +41,15 @@ import torch
 from backends import models
 from backends.base import COMMON_KNOBS, build_model, contiguous_parameters
 from backends.ddp import DDP
+from bench.core.knobs import Knob
+
+# --fsdp-reshard: what reshards its parameters after forward. default: reshard_policy (never at world size 1, else every
+# block but the last); never: every block keeps its unsharded parameters from forward to backward (more memory, no
+# all-gather in backward); always: every block reshards, the last included (least memory).
+RESHARD = {"never": "never", "always": "every block", "default": None}
+FSDP_RESHARD = Knob("fsdp_reshard", "fsdp2: which blocks reshard their parameters after forward: never, always, or "
+                                    "default (never at world size 1, else every block but the last, as torchtitan)",
+                    str, choices=tuple(RESHARD), off=(None, False, "none", "default"))
 
 
 def has_param_dtype_override() -> bool:
@@ -51,7 +60,7 @@ def has_param_dtype_override() -> bool:
 
 
 class FSDP2(DDP):
-    knobs = COMMON_KNOBS  # DDP's process-group plumbing, none of its knobs
+    knobs = (FSDP_RESHARD, *COMMON_KNOBS)  # DDP's process-group plumbing, none of its knobs
     compile_mode = "per block"
     meta_init = True  # --find-max-model's probes build on the meta device (setup)
 
@@ -67,7 +76,7 @@ class FSDP2(DDP):
         model = contiguous_parameters(model, cfg)  # fully_shard refuses channels-last parameters
         mesh = init_device_mesh(cfg.device_type, (self.world_size,))
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-        self.reshard = reshard_policy(self.world_size)
+        self.reshard = RESHARD.get((cfg.options or {}).get("fsdp_reshard")) or reshard_policy(self.world_size)
         self.norm_fp32_via, self.groups = shard(model, mesh, dtype, compile=bool((cfg.options or {}).get("compile")),
                                                 reshard=self.reshard)
         self.init = "meta device, each rank's shard materialised" if cfg.meta_init else "seeded, whole model per rank"
@@ -150,7 +159,8 @@ def materialise(model: torch.nn.Module) -> None:
 
 
 def reshard_policy(world_size: int) -> str:
-    """What reshards after forward (module docstring): "never" at world size 1, else "blocks but the last"."""
+    """What reshards after forward by default (module docstring): "never" at world size 1, else "blocks but the last"
+    (``--fsdp-reshard never|always`` chooses "never" or "every block")."""
     return "never" if world_size == 1 else "blocks but the last"
 
 
@@ -188,7 +198,7 @@ def fsdp_params(model: torch.nn.Module) -> list:
 def shard(model: torch.nn.Module, mesh, dtype: torch.dtype | None, compile: bool = False,
           reshard: str = "blocks but the last") -> tuple[str | None, int]:
     """``fully_shard`` every block (compiled first with ``compile``), then the root, keeping BatchNorm's parameters
-    fp32 under a half ``dtype``; ``reshard``: ``reshard_policy``'s answer. Returns how the norms were kept fp32 (None:
+    fp32 under a half ``dtype``; ``reshard``: ``reshard_policy``'s answer, or "every block". Returns how the norms were kept fp32 (None:
     no half dtype or no norm) and the number of FSDP2 groups."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -211,7 +221,7 @@ def shard(model: torch.nn.Module, mesh, dtype: torch.dtype | None, compile: bool
     for i, block in enumerate(units):
         if compile:
             block.compile()  # before fully_shard, as torchtitan's apply_compile does
-        keep = reshard == "never" or i == len(units) - 1  # backward needs the last block first
+        keep = reshard == "never" or (reshard != "every block" and i == len(units) - 1)  # backward needs the last first
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
         groups += 1
     # the root also returns fp32 logits, so the loss is computed in fp32 as under autocast

@@ -4,4 +4,4 @@ Commands never import each other; what several share lives in the helper modules
 
 # The subcommands, in the order ``python -m bench --help`` lists them.
 COMMANDS = ("run", "list", "report", "compare", "baseline", "verify", "collectives", "predict", "nodelist", "loader",
-            "doctor", "trace", "overhead")
+            "doctor", "trace", "overhead", "peak", "tune")

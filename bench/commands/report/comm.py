@@ -57,11 +57,20 @@ def hardware_table(ok: list[dict], unit: str) -> list[str]:
     rows = [[label(r), r["world_size"], r["precision"], fmt(r["flops_per_sample"] and r["flops_per_sample"] / 1e9, "GFLOP", 2),
              rate(r.get("achieved_tflops_per_device")), fmt(r.get("mfu_pct"), "%"),
              fmt(r.get("joules_per_image"), "J", 3), fmt(r.get("mean_watts"), "W", 0)] for r in ok]
+    head = ["backend", unit, "precision", "FLOPs / sample", "achieved per device", "MFU", "energy / sample",
+            "power (all GPUs)"]
+    measured = any(r.get("mfu_measured_pct") is not None for r in ok)
+    if measured:  # MFU against the device's measured matmul peak too (bench peak), and the mode both peaks are for
+        head[5] = "MFU (datasheet)"
+        head += ["MFU (measured peak)", "measured peak per device", "precision mode"]
+        for row, r in zip(rows, ok):
+            row += [fmt(r.get("mfu_measured_pct"), "%"), rate(r.get("peak_measured_tflops")), r.get("peak_mode")]
     return ["**5. Hardware efficiency** (training FLOPs per sample, an image or a sequence, from torch.utils.flop_counter; MFU against the "
-            "device's dense peak at the run's precision, bench/core/mfu.py; energy from NVML's counter around each "
+            "device's dense peak at the run's precision, bench/core/mfu.py"
+            + ("; and against the matmul rate this device was measured to sustain in the same precision mode, "
+               "bench peak" if measured else "") + "; energy from NVML's counter around each "
             "window, all GPUs of the run)", "",
-            md_table(["backend", unit, "precision", "FLOPs / sample", "achieved per device", "MFU", "energy / sample",
-                      "power (all GPUs)"], rows, {1, 3, 4, 5, 6, 7}), ""]
+            md_table(head, rows, {1, 3, 4, 5, 6, 7, 8, 9}), ""]
 
 
 def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[str, str]]:

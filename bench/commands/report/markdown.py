@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.commands.report import accuracy, caution, comm, verdict
+from bench.commands.report import accuracy, caution, comm, reference, tune, verdict
 from bench.commands.report.common import (
     BASELINE,
     rate,
@@ -48,7 +48,10 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
 
     rows = summary.to_dict("records")
     n_recs, n_ok = sum(len(r["_recs"]) for r in rows), sum(r["runs_ok"] for r in rows)
-    verdicts = verdict.verdicts(rows) + accuracy.verdicts(src, lambda m: None)  # time to accuracy: report/accuracy.py
+    warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
+    best = tune.latest(src, warn)  # bench tune: the backends at their best, beside the shared defaults
+    verdicts = verdict.verdicts(rows) + tune.verdicts(best) \
+        + accuracy.verdicts(src, lambda m: None)  # time to accuracy: report/accuracy.py
     md = ["# Parallel backend comparison", "",
           f"{n_recs} records from `{src}` ({n_ok} ok, {n_recs - n_ok} skipped or failed) in {len(rows)} "
           f"configurations; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", ""]
@@ -91,7 +94,8 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                    efficiency_table(ok, unit), "", "**3. Memory** (timed-window peak per GPU, or per rank on CPU, after warm-up; warm-up's own peak "
                    "in the last column; every ok run)", "",
                    memory_table(ok, device), ""] + eval_table(ok, label) + comm.comm_table(ok, unit) \
-                + comm.hardware_table(ok, unit) + notes(ok) + caution.section(ok)
+                + comm.hardware_table(ok, unit) + reference.twin_table(ok) + reference.compile_table(ok) + notes(ok) \
+                + caution.section(ok)
             plots += comm.plot_split(ok, stem, f"{title} · {hw} ({device})", unit)
             md += [f"![{kind}](plots/{name})" for kind, name in plots] + [""]
             console += ["", title, thr]
@@ -101,8 +105,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                      r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad]
         md += ["### Skipped and failed runs", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
-    warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
-    md += settings_section(rows) + overhead_section(src, warn) + timeline_section(rows, out)
+    md += tune.section(best) + settings_section(rows) + overhead_section(src, warn) + timeline_section(rows, out)
     md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) \
         + maxmodel_section(src, out, warn) + accuracy.section(src, out, warn) + equivalence_section(src, warn) \
         + comm.collectives_section(src, out, rows, warn) + comm.prediction_section(src)
@@ -224,6 +227,7 @@ def notes(ok: list[dict]) -> list[str]:
                              f"{sum(rec['skipped_steps'])} optimizer step(s) (fp16 overflow) in window(s) "
                              f"{', '.join(map(str, hit))}: those windows timed fewer real updates")
     lines += cudnn_lines(ok)
+    lines += reference.notes(ok)  # --compile slower than eager, graphs compiled inside a window
     lines += [f"- `{label(r)}` ×{r['world_size']}: memory imbalance {r['memory_imbalance']:.2f}× (max/mean reserved) "
               f"is reported from its cudnn.benchmark-off run; with the knob on it measured "
               f"{r['memory_imbalance_with_search']:.2f}×, which holds cuDNN's algorithm search repeated in "

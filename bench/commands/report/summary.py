@@ -47,6 +47,7 @@ def summarise(recs: list[dict]):
     """One row per configuration: run-level throughput, memory, counts, then efficiency and the best mark."""
     import pandas as pd
 
+    from bench.commands.report import reference
     from bench.core import results, stats
 
     df = pd.DataFrame([{**r["_key"], "_rec": r} for r in recs])
@@ -77,6 +78,7 @@ def summarise(recs: list[dict]):
                    skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples,
                    numerics=numerics(ok), runs_disturbed=sum(bool(r.get("disturbed")) for r in ok))
         row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
+        row.update(reference.config_fields(ok))  # the plain twin, --compile's figures, the attention kernel
         rows.append(row)
     dp_imbalance_from_cudnn_off(rows)
     from bench.commands.report import caution
@@ -125,13 +127,20 @@ def hardware_fields(ok: list[dict], throughput, world_size) -> dict:
     why = {(r.get("compute_only") or {}).get("reason") for r in ok} - {None}
     per_sample = next((r["flops_per_sample"] for r in ok if r.get("flops_per_sample")), None)
     peak = next((r["peak_tflops_per_device"] for r in ok if r.get("peak_tflops_per_device")), None)
+    measured = [r["peak_measured"] for r in ok if (r.get("peak_measured") or {}).get("tflops")]
+    measured_peak = float(np.median([m["tflops"] for m in measured])) if measured else None
     med = lambda k: float(np.median([r[k] for r in ok if r.get(k) is not None])) if any(  # noqa: E731
         r.get(k) is not None for r in ok) else None
     return {"compute_only_img_s": co["median"], "compute_only_keeps": "; ".join(sorted(keeps)) or None,
             "compute_only_reason": "; ".join(sorted(why)) or None, "flops_per_sample": per_sample,
             "achieved_tflops_per_device": per_sample * throughput / world_size / 1e12 if per_sample and throughput
             else None, "mfu_pct": 100 * mfu.mfu(per_sample, throughput, peak, world_size) if peak and per_sample
-            and throughput else None, "peak_tflops_per_device": peak, "joules_per_image": med("joules_per_image"),
+            and throughput else None, "peak_tflops_per_device": peak,
+            "mfu_measured_pct": 100 * mfu.mfu(per_sample, throughput, measured_peak, world_size) if measured_peak and
+            per_sample and throughput else None, "peak_measured_tflops": measured_peak,
+            "peak_mode": next((r["peak_mode"] for r in ok if r.get("peak_mode")), None),
+            "peak_measured_at": max((m["measured_at"] for m in measured), default=None),
+            "joules_per_image": med("joules_per_image"),
             "mean_watts": med("mean_watts")}
 
 

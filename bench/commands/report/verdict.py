@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from bench.commands.report import caution, comm
+from bench.commands.report import caution, comm, reference
 from bench.commands.report.common import (
     BASELINE,
     SECTION,
@@ -236,6 +236,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
                            "`bench run --repeat 3` measures the run-to-run spread.")
         if caveats:
             v["caveat"] = " ".join(caveats)
+        v["harness"] = reference.verdict_lines(ok)  # bench run --reference: the harness against its plain twin
         out.append(v)
     return out
 
@@ -312,6 +313,8 @@ def markdown(vs: list[dict], rows: list[dict]) -> list[str]:
         md += [f"### {v['title']}", "", f"**{v['headline']}**", ""] + [f"- {e}" for e in v["evidence"]] + [""]
         if v["alternatives"]:
             md += ["Alternatives, relative to the fastest:", ""] + [f"- {a}" for a in v["alternatives"]] + [""]
+        if v.get("harness"):
+            md += [f"- {h}" for h in v["harness"]] + [""]
         if v.get("caveat"):
             md += [f"> {v['caveat']}", ""]
     return md

@@ -1,0 +1,162 @@
+"""How close to the machine, in the report: each world-size-1 configuration against its plain twin (``bench run
+--reference``: harness overhead = 1 - harness / twin, across runs), what ``--compile`` did (compile time, graph breaks,
+graphs compiled inside a window, the compiled run against its eager twin or the same configuration's eager runs) and
+which attention kernel a GPT ran. The figures' vocabulary is bench/core/reference.py; the records carry everything."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from bench.commands.report.common import fmt, label, md_table, rate
+from bench.core import reference, stats
+
+
+def config_fields(ok: list[dict]) -> dict:
+    """A configuration's row: its harness overhead across its runs (each run's own twins, once each), the compile
+    figures and the attention kernels."""
+    out = {"harness_overhead_pct": None, "harness_overhead_ci_pct": None, "overhead_timing": None,
+           "harness_rate": None, "twin_rate": None,
+           "overhead_interval": None, "twin_img_s": None, "twin_runs": 0, "twin_reason": None,
+           "compiled_vs_eager_twin": None, "compile_graph_breaks": None, "compile_graphs": None,
+           "graphs_compiled_in_windows": None, "sdpa_kernels": None}
+    refs = [(r, r.get("reference") or {}) for r in ok]
+    reasons = sorted({f["reason"] for _, f in refs if f.get("reason")})
+    out["twin_reason"] = "; ".join(reasons) or None
+    with_twin = [(r, f) for r, f in refs if f.get("twin_run_ids")]
+    if with_twin:
+        timing = reference.headline_timing(with_twin[0][0]["device_type"])
+        field = reference.TIMINGS[timing][0]
+        twins = {}
+        for r, f in with_twin:
+            for rid, wall, cpu in zip(f["twin_run_ids"], f["twin_window_seconds"], f["twin_window_cpu_seconds"]):
+                twins[rid] = reference.speeds({"global_batch": r["global_batch"], "steps_per_window": r["steps_per_window"],
+                                               field: wall if timing == "wall" else cpu}, timing)
+        harness = [reference.speeds(r, timing) for r, _ in with_twin]
+        o = reference.overhead(harness, list(twins.values()))
+        med = lambda runs: float(np.median([np.median(x) for x in runs if x is not None])) if any(  # noqa: E731
+            x is not None for x in runs) else None
+        out.update(harness_rate=med(harness), twin_rate=med(list(twins.values())))
+        if o is not None:
+            out.update(harness_overhead_pct=100 * o["overhead"], harness_overhead_ci_pct=[100 * x for x in o["ci95"]],
+                       overhead_interval=o["interval"])
+        out.update(overhead_timing=reference.TIMINGS[timing][1], twin_runs=len(twins),
+                   twin_img_s=float(np.median([f["twin_throughput"] for _, f in with_twin])))  # wall time
+        ratios = [f["compiled_vs_eager"] for _, f in with_twin if f.get("compiled_vs_eager") is not None]
+        out["compiled_vs_eager_twin"] = float(np.median(ratios)) if ratios else None
+    graphs = [r["compile_graphs"] for r in ok if r.get("compile_graphs")]
+    if graphs:
+        out.update(compile_graph_breaks=max(g["graph_breaks"] for g in graphs),
+                   compile_graphs=max(g["unique_graphs"] for g in graphs),
+                   graphs_compiled_in_windows=max(g["graphs_compiled_in_windows"] for g in graphs))
+    kernels = {k for r in ok for k in (r.get("sdpa") or {}).get("kernels") or []}
+    out["sdpa_kernels"] = ", ".join(sorted(kernels)) or None
+    return out
+
+
+def judged(r: dict) -> str | None:
+    """Within or over the threshold, for a row with an overhead."""
+    if r.get("harness_overhead_pct") is None:
+        return None
+    lo, _ = r["harness_overhead_ci_pct"]
+    o = {"overhead": r["harness_overhead_pct"] / 100, "ci95": [lo / 100, 0], "interval": r["overhead_interval"]}
+    limit = f"{100 * reference.THRESHOLD:g}%"
+    return {"over": f"⚠ over {limit}", "over by the median": f"⚠ over {limit} by the median (within noise)",
+            "within": f"within {limit}"}[reference.judge(o)]
+
+
+def interval(r: dict) -> str:
+    lo, hi = r["harness_overhead_ci_pct"]
+    return f"{lo:+.1f} to {hi:+.1f}%" + (" (within-run only)" if r["overhead_interval"] == stats.WITHIN_RUN
+                                         else "")
+
+
+def twin_table(ok: list[dict]) -> list[str]:
+    """The workload block's "Harness vs its plain twin" table (world-size-1 rows with a twin, or the reason)."""
+    rows = [r for r in ok if r["world_size"] == 1 and (r.get("twin_runs") or r.get("twin_reason"))]
+    if not rows:
+        return []
+    body = [[label(r), r["precision"], fmt(r.get("harness_rate"), rate(r)), fmt(r.get("twin_rate"), rate(r)),
+             None if r.get("harness_overhead_pct") is None else f"{r['harness_overhead_pct']:+.1f} %",
+             None if r.get("harness_overhead_pct") is None else interval(r), r.get("overhead_timing"),
+             f"{r['runs_ok']} / {r['twin_runs']}", judged(r) or r.get("twin_reason")] for r in rows]
+    return [f"**6. Harness vs its plain twin** (`bench run --reference`: `bench/twins/`, the plainest PyTorch loop of the "
+            "same workload, precision, batch, memory format and compile setting on one device, run interleaved with "
+            "these runs; harness overhead = 1 − harness / twin, > 0: the harness is slower; CPU time on CPUs, wall "
+            "time on GPUs, and both throughputs by that timing: on CPUs samples per CPU-second of the process)", "",
+            md_table(["backend", "precision", "harness", "plain twin", "harness overhead", "95% interval", "timing",
+                      "runs / twin runs", ""], body, {2, 3, 4}), ""]
+
+
+def _eager_of(r: dict, ok: list[dict]) -> dict | None:
+    """The same configuration without --compile, among ``ok``."""
+    options = r["options"] if isinstance(r["options"], dict) else json.loads(r["options"] or "{}")
+    if not options.get("compile"):
+        return None
+    want = json.dumps({k: v for k, v in options.items() if k != "compile"}, sort_keys=True)
+    for o in ok:
+        theirs = o["options"] if isinstance(o["options"], dict) else json.loads(o["options"] or "{}")
+        if (o["backend"], o["world_size"], o["precision"]) == (r["backend"], r["world_size"], r["precision"]) and \
+                json.dumps(theirs, sort_keys=True) == want and o["global_img_s"]:
+            return o
+    return None
+
+
+def compile_table(ok: list[dict]) -> list[str]:
+    """Compile time, graph breaks, graphs compiled inside windows, compiled against eager (its eager twin, or the same
+    configuration's eager runs in these records), and the attention kernel a GPT ran."""
+    rows = [r for r in ok if r.get("compile_graphs") is not None or r.get("sdpa_kernels")]
+    if not rows:
+        return []
+    body = []
+    for r in rows:
+        eager = _eager_of(r, ok)
+        seconds = [rec.get("compile_seconds") for rec in r["_recs"] if rec.get("compile_seconds") is not None]
+        body.append([label(r), r["world_size"], r["precision"], fmt(max(seconds), "s") if seconds else None,
+                     r.get("compile_graph_breaks"), r.get("compile_graphs"), r.get("graphs_compiled_in_windows"),
+                     fmt(r.get("compiled_vs_eager_twin"), "×", 2),
+                     fmt(r["global_img_s"] / eager["global_img_s"], "×", 2) if eager and r["global_img_s"] else None,
+                     r.get("sdpa_kernels")])
+    return ["**7. Compile and attention** (compile time: warm-up beyond its last step, never inside a window; graph "
+            "breaks and graphs from TorchDynamo's counters; compiled / eager < 1: the compiled run is slower than "
+            "eager; the attention kernel from the aten operations of one profiled step)", "",
+            md_table(["backend", "world size", "precision", "compile time", "graph breaks", "graphs",
+                      "compiled inside windows", "compiled / eager twin", "compiled / eager run", "attention kernel"],
+                     body, {1, 3, 4, 5, 6, 7, 8}), ""]
+
+
+def notes(ok: list[dict]) -> list[str]:
+    """A line for every compiled configuration slower than eager, and for graphs compiled inside a window."""
+    out = []
+    for r in ok:
+        eager = _eager_of(r, ok)
+        vs_twin = r.get("compiled_vs_eager_twin")
+        if vs_twin is not None and vs_twin < 1:
+            out.append(f"- ⚠ `{label(r)}` ×{r['world_size']}: the compiled run is slower than its eager twin "
+                       f"({vs_twin:.2f}× its throughput): --compile does not pay here")
+        if eager and r["global_img_s"] and r["global_img_s"] < eager["global_img_s"]:
+            out.append(f"- ⚠ `{label(r)}` ×{r['world_size']}: compiled, {r['global_img_s']:,.1f} {rate(r)}, slower than "
+                       f"the same configuration eager, {eager['global_img_s']:,.1f} {rate(r)}")
+        if r.get("graphs_compiled_in_windows"):
+            out.append(f"- ⚠ `{label(r)}` ×{r['world_size']}: {r['graphs_compiled_in_windows']} graph(s) compiled "
+                       "inside the timed windows (a recompilation): those windows include compile time")
+    return out
+
+
+def verdict_lines(ok: list[dict]) -> list[str]:
+    """The verdict's line about the harness: which runs are within THRESHOLD of their plain twins, which over."""
+    rows = [r for r in ok if r.get("harness_overhead_pct") is not None]
+    if not rows:
+        return []
+    within = [r for r in rows if judged(r).startswith("within")]
+    over = [r for r in rows if r not in within]
+    limit = f"{100 * reference.THRESHOLD:g}%"
+    out = []
+    if within:
+        out.append(f"Harness within {limit} of its plain twin: "
+                   + ", ".join(f"{label(r)} ({r['harness_overhead_pct']:+.1f}%)" for r in within)
+                   + f" ({within[0]['overhead_timing']}).")
+    for r in over:
+        out.append(f"Harness over {limit} for {label(r)}: {r['harness_overhead_pct']:+.1f}% slower than its plain twin "
+                   f"(95% interval {interval(r)}, {r['overhead_timing']}){'' if judged(r) == '⚠ over ' + limit else ', within noise'}.")
+    return out

@@ -1,0 +1,66 @@
+"""The backends at their best (the newest ``bench tune`` summary in RESULTS/tune): a section beside the shared
+defaults, and one line of the verdict naming the fastest at its best. A difference is called only where the 95%
+intervals do not overlap, as everywhere else in the report."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.core import tune
+
+
+def latest(src: Path, warn) -> dict | None:
+    return tune.latest(src, warn)
+
+
+def _thr(t: dict | None) -> str | None:
+    if not t or t.get("median") is None:
+        return None
+    return f"{t['median']:,.1f} {t.get('unit', '/s')} ({t['ci95'][0]:,.1f}–{t['ci95'][1]:,.1f})"
+
+
+def _ok(doc: dict) -> list[dict]:
+    return [s for s in doc["backends"] if s["status"] == "ok" and s.get("best") and s["best"].get("median")]
+
+
+def section(doc: dict | None) -> list[str]:
+    if not doc:
+        return []
+    from bench.core.text import md_table
+
+    rows = []
+    for s in doc["backends"]:
+        d, b = s.get("default"), s.get("best")
+        rows.append([s["backend"], s["world_size"], _thr(d), _thr(b),
+                     f"{b['median'] / d['median']:.2f}×" if b and d and d.get("median") else None,
+                     tune.describe(b["settings"]) if b else f"{s['status']}: {s.get('reason')}",
+                     len(s.get("trials") or []), f"`{s['command']}`" if s.get("command") else None])
+    w = doc.get("workload") or {}
+    what = ", ".join(f"{k} {w[k]}" for k in ("model", "image_size", "seq_len", "precision") if w.get(k))
+    return ["## At their best (bench tune)", "",
+            f"From `{doc['_path']}` ({doc['hardware']}, {doc['device_type']}, {what}; budget {doc['budget_s']:g} s, "
+            f"{doc['spent_s']:.0f} s spent): each backend searched from the shared defaults, one setting at a time "
+            "(batch, channels_last, cuDNN benchmark, its own knobs, --compile); a candidate replaced the incumbent only "
+            "when its 95% interval lay above the incumbent's. The command reproduces the best.", "",
+            md_table(["backend", "world size", "at the shared defaults", "at its best", "best / defaults",
+                      "best settings", "trials", "bench run"], rows, {1, 4, 6}), ""]
+
+
+def verdicts(doc: dict | None) -> list[dict]:
+    """One verdict entry: the fastest backend at its best, and at the shared defaults, from the tune summary."""
+    ok = _ok(doc) if doc else []
+    if not ok:
+        return []
+    at_best = sorted(ok, key=lambda s: -s["best"]["median"])
+    at_default = sorted([s for s in ok if s["default"].get("median")], key=lambda s: -s["default"]["median"])
+    top, unit = at_best[0], at_best[0]["best"].get("unit", "/s")
+    tied = [s["backend"] for s in at_best[1:] if s["best"]["ci95"][1] >= top["best"]["ci95"][0]]
+    head = (f"At their best (bench tune): {top['backend']} is fastest, {top['best']['median']:,.1f} {unit} with "
+            f"{tune.describe(top['best']['settings'])}"
+            + (f" (its interval overlaps {', '.join(tied)}: not established)" if tied else "")
+            + (f"; at the shared defaults {at_default[0]['backend']} was, {at_default[0]['default']['median']:,.1f} "
+               f"{unit}." if at_default else "."))
+    short = (f"{top['backend']} is fastest at its best ({top['best']['median']:,.1f} {unit})"
+             + (f", within noise of {', '.join(tied)}." if tied else ".")) if len(ok) > 1 else None
+    return [{"title": f"{doc['hardware']}, {doc['device_type']}: the backends at their best (bench tune)",
+             "hardware": doc["hardware"], "established": not tied and len(ok) > 1, "best": top["backend"],
+             "headline": head, "short": short, "evidence": [], "alternatives": [], "warnings": []}]
