@@ -79,7 +79,7 @@ def record_fields(entry: dict | None, why: str | None = None) -> dict:
     return {"tflops": entry["tflops"], "cache": entry.get("cache"), "measured_at": entry["measured_at"],
             "measured_now": bool(entry.get("measured_now")), "mode": mode(entry["key"]["precision"], entry["key"]["tf32"]),
             "shape": entry.get("best_shape"), "threads": entry["key"]["threads"], "device_name": entry["key"]["device_name"],
-            "how": entry.get("how")}
+            "load_average": entry.get("load_average"), "how": entry.get("how")}
 
 
 def table(entries: list[dict]) -> str:
@@ -89,6 +89,7 @@ def table(entries: list[dict]) -> str:
     rows = [[e["key"]["device_name"], mode(e["key"]["precision"], e["key"]["tf32"]), e["key"]["threads"] or "",
              f"{e['tflops']:,.3f}" if e["tflops"] < 10 else f"{e['tflops']:,.1f}",
              "x".join(map(str, e.get("best_shape") or [])), e["measured_at"],
+             None if e.get("load_average") is None else f"{e['load_average']:.1f} on {e.get('cpus')} CPUs",
              "measured now" if e.get("measured_now") else "cached", e.get("cache") or ""] for e in entries]
-    return md_table(["device", "mode", "threads", "TFLOP/s", "best shape (m×n×k)", "measured at", "", "cache entry"],
-                    rows, {2, 3})
+    return md_table(["device", "mode", "threads", "TFLOP/s", "best shape (m×n×k)", "measured at", "load average then",
+                     "", "cache entry"], rows, {2, 3})

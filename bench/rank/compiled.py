@@ -30,7 +30,14 @@ def dynamo_counters() -> dict:
 
     breaks = counters["graph_break"]
     return {"graph_breaks": int(sum(breaks.values())), "unique_graphs": int(counters["stats"]["unique_graphs"]),
-            "break_reasons": [str(reason).strip().splitlines()[0] for reason, _ in breaks.most_common(3)]}
+            "break_reasons": [reason_line(reason) for reason, _ in breaks.most_common(3)]}
+
+
+def reason_line(reason) -> str:
+    """A graph break's reason in one line: its title and its explanation ("Failed to trace builtin operator:
+    Dynamo does not know how to trace builtin operator `print` ..."), at most 240 characters."""
+    lines = [ln.strip().removeprefix("Explanation:").strip() for ln in str(reason).strip().splitlines() if ln.strip()]
+    return ": ".join(lines[:2])[:240]
 
 
 def compile_fields(before_windows: dict | None, after_windows: dict | None) -> dict | None:

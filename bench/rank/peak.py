@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from pathlib import Path
 
@@ -90,7 +91,9 @@ def entry(k: dict, device: torch.device, directory: Path, since: str | None) -> 
     if not vocab.stale(found, since):
         return found
     got = measure(device, k["precision"], k["tf32"])
-    new = {"schema": vocab.PEAK_SCHEMA, "key": k, "measured_at": utc_now(), **got}
+    # a rate measured beside other load is low, and cached: say how loaded the machine was (bench peak --refresh)
+    new = {"schema": vocab.PEAK_SCHEMA, "key": k, "measured_at": utc_now(), "load_average": os.getloadavg()[0],
+           "cpus": os.cpu_count(), **got}
     path = vocab.entry_path(k, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(new, path, overwrite=True)
