@@ -1,0 +1,267 @@
+"""bench tune (issue 39, item 3): per backend, the settings a user would try, searched one at a time from the shared
+defaults within a time budget; a candidate replaces the incumbent only when its 95% interval lies above the
+incumbent's; each backend's best as a reusable bench run command line and in RESULTS/tune; the report's "At their
+best" section and verdict line. The search is tested with a made-up measure and clock (no launches); one small real
+search runs on the CPU. FSDP2's --fsdp-reshard knob, which the search tries, is tested here too."""
+import argparse
+import json
+import shlex
+
+import pytest
+
+import backends
+from bench.commands import tune
+from bench.commands._plan import parse_run, plan
+from bench.core import results
+from bench.core.tune import describe
+from tests.conftest import bench_inproc, cli_error
+
+
+def fake(table: dict, seconds: float = 10.0, clock=None):
+    """A measure function: each settings' (median, half-width of its interval), or a failure; ``clock`` advances by
+    ``seconds`` per trial. Records what it was asked."""
+    asked = []
+
+    def measure(settings):
+        asked.append(dict(settings))
+        if clock is not None:
+            clock[0] += seconds
+        got = table.get(tuple(sorted(settings.items())))
+        if got is None or isinstance(got, str):
+            return {"status": got or "failed", "reason": "out of memory", "median": None, "ci95": None,
+                    "seconds": seconds}
+        median, half = got
+        return {"status": "ok", "reason": None, "median": median, "ci95": [median - half, median + half],
+                "seconds": seconds}
+
+    return measure, asked
+
+
+def key(**settings):
+    return tuple(sorted(settings.items()))
+
+
+DIMS = [("batch_size", (4, 8, 16)), ("channels_last", (True,)), ("compile", (True,))]
+
+
+def test_a_candidate_replaces_the_best_only_above_its_interval_and_the_batch_doubles_while_it_wins():
+    measure, asked = fake({key(): (100.0, 2.0), key(batch_size=4): (130.0, 2.0), key(batch_size=8): (129.0, 3.0),
+                           key(batch_size=4, channels_last=True): (133.0, 5.0),  # faster, but within the noise
+                           key(batch_size=4, compile=True): (150.0, 1.0)})
+    now = [0.0]
+    found = tune.search(DIMS, measure, budget_s=1000, clock=lambda: now[0])
+    assert asked == [{}, {"batch_size": 4}, {"batch_size": 8}, {"batch_size": 4, "channels_last": True},
+                     {"batch_size": 4, "compile": True}]  # no batch 16: batch 8 did not win
+    assert found["best"]["settings"] == {"batch_size": 4, "compile": True} and found["best"]["median"] == 150.0
+    assert found["default"]["median"] == 100.0 and found["default"]["verdict"] == "the starting point"
+    verdicts = [t["verdict"] for t in found["trials"]]
+    assert verdicts[1] == "faster than the defaults beyond the intervals: the new best"
+    assert verdicts[2] == verdicts[3] == "not faster than batch 4 beyond the intervals"
+    assert tune.above({"ci95": [10.1, 11]}, {"ci95": [9, 10]}) and not tune.above({"ci95": [10, 11]}, {"ci95": [9, 10]})
+
+
+def test_no_candidate_starts_that_would_not_finish_within_the_budget():
+    now = [0.0]
+    measure, asked = fake({key(): (100.0, 1.0), key(batch_size=4): (90.0, 1.0), key(channels_last=True): (99.0, 1.0),
+                           key(compile=True): (120.0, 1.0)}, seconds=10.0, clock=now)
+    found = tune.search(DIMS, measure, budget_s=31.0, clock=lambda: now[0], extra_s=lambda s: 30.0 if s.get("compile")
+                        else 0.0)
+    assert asked == [{}, {"batch_size": 4}, {"channels_last": True}]  # 10 s each; compile would need 10 + 30 s
+    assert found["trials"][-1]["verdict"] == "not run: about 40 s needed, 1 s of the budget left"
+    assert found["best"]["settings"] == {} and found["spent_s"] == 30.0
+
+
+def test_a_failed_default_has_no_best_and_a_failed_candidate_keeps_the_incumbent():
+    measure, _ = fake({})
+    found = tune.search(DIMS, measure, budget_s=100, clock=lambda: 0.0)
+    assert found["best"] is None and found["default"]["verdict"] == "failed: out of memory"
+    measure, asked = fake({key(): (100.0, 1.0), key(channels_last=True): (120.0, 1.0)})
+    found = tune.search(DIMS, measure, budget_s=100, clock=lambda: 0.0)
+    assert asked == [{}, {"batch_size": 4}, {"channels_last": True}, {"channels_last": True, "compile": True}]
+    assert found["trials"][1]["verdict"] == "failed: out of memory"  # and the doubling stopped there
+    assert found["best"]["settings"] == {"channels_last": True}
+
+
+@pytest.mark.parametrize("backend,device,kind,want", [
+    ("ddp", "cpu", "vision", ["batch_size", "channels_last", "ddp_bucket_mb", "ddp_grad_as_bucket_view",
+                              "ddp_static_graph", "compile"]),
+    ("fsdp2", "cuda", "language", ["batch_size", "cudnn_benchmark", "fsdp_reshard", "compile"]),
+    ("single", "cpu", "vision", ["batch_size", "channels_last", "compile"]),
+    ("dp", "cuda", "vision", ["batch_size", "cudnn_benchmark"]),  # dp refuses channels_last and --compile
+])
+def test_each_backend_is_searched_over_the_settings_it_honours(backend, device, kind, want):
+    keys = {k.key for k in backends.backend_class(backend).knobs}
+    dims = tune.dimensions(keys, set(), device, kind, 8)
+    assert [k for k, _ in dims] == want
+    assert dims[0] == ("batch_size", (16, 32, 64))
+    if backend == "fsdp2":
+        assert dict(dims)["fsdp_reshard"] == ("never", "always")
+    assert "cudnn_benchmark" not in dict(tune.dimensions(keys, {"cudnn_benchmark"}, device, kind, 8))
+
+
+def test_the_best_settings_become_a_bench_run_command_that_plans_them():
+    args = parse_run(["--backends", "ddp", "--device", "cpu", "--model", "resnet18", "--image-size", "32",
+                      "--warmup", "2", "--windows", "3", "--results", "/tmp/x"])
+    base = tune.argv_of(args, drop=("backends", "gpus", "max_gpus", "results"))
+    assert base == ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--warmup", "2", "--windows", "3"]
+    best = {"batch_size": 16, "channels_last": True, "ddp_bucket_mb": 100.0, "ddp_static_graph": True}
+    flags = tune.flags_of(best)
+    assert flags == ["--batch-size", "16", "--channels-last", "--ddp-bucket-mb", "100", "--ddp-static-graph"]
+    [cfg], _ = plan(parse_run([*base, "--backends", "ddp", "--gpus", "1", *flags]))
+    assert cfg.batch_size == 16 and cfg.options == {"channels_last": True, "ddp_bucket_mb": 100.0,
+                                                    "ddp_static_graph": True}
+    assert describe(best) == "batch 16, channels_last, ddp_bucket_mb=100.0, ddp_static_graph"
+    assert describe({}) == "the defaults" and describe({"cudnn_benchmark": "off"}) == "cudnn.benchmark off"
+
+    def configure(settings):
+        return plan(parse_run([*base, "--backends", "ddp", "--gpus", "1", *tune.flags_of(settings)]))[0][0]
+
+    # --compile needs 3 warm-up steps; this sweep gives 2: that trial (and its command) gets 3
+    assert tune.widen_warmup({"compile": True}, configure) == {"compile": True, "warmup": 3}
+    assert tune.widen_warmup({"channels_last": True}, configure) == {"channels_last": True}
+
+
+def summary_doc() -> dict:
+    def trial(settings, median, half=1.0):
+        return {"settings": settings, "status": "ok", "median": median, "ci95": [median - half, median + half],
+                "unit": "img/s", "seconds": 5.0, "verdict": "x"}
+
+    return {"schema": "tune-1", "kind": "tune", "created_at": "2026-01-01T00:00:00+00:00", "budget_s": 120.0,
+            "spent_s": 100.0, "device_type": "cpu", "hardware": "CPU: EPYC", "world_size": 1,
+            "workload": {"model": "resnet18", "image_size": 32, "precision": "fp32"},
+            "backends": [
+                {"backend": "single", "world_size": 1, "status": "ok", "default": trial({}, 100.0),
+                 "best": trial({"batch_size": 16}, 140.0), "command": "python -m bench run --backends single",
+                 "trials": [trial({}, 100.0), trial({"batch_size": 16}, 140.0)]},
+                {"backend": "ddp", "world_size": 1, "status": "ok", "default": trial({}, 104.0),
+                 "best": trial({"batch_size": 16, "channels_last": True}, 150.0),
+                 "command": "python -m bench run --backends ddp --batch-size 16 --channels-last",
+                 "trials": [trial({}, 104.0)] * 3},
+                {"backend": "dp", "world_size": 1, "status": "skipped", "reason": "no", "default": None, "best": None}]}
+
+
+def test_the_report_compares_the_backends_at_their_best_and_at_the_defaults(tmp_path):
+    from bench.commands import report
+    from tests.test_reference import record
+
+    results.save(record("single"), tmp_path / "raw")
+    (tmp_path / "raw" / "tune").mkdir()
+    (tmp_path / "raw" / "tune" / "summary-20250101T000000Z.json").write_text(json.dumps({**summary_doc(), "hardware":
+                                                                                       "an older one"}))
+    (tmp_path / "raw" / "tune" / "summary-20260101T000000Z.json").write_text(json.dumps(summary_doc()))
+    assert report.cmd_report(argparse.Namespace(results=str(tmp_path / "raw"), out=str(tmp_path / "rep"))) == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    section = md.split("## At their best (bench tune)\n", 1)[1].split("\n## ", 1)[0]
+    assert "(CPU: EPYC, cpu, model resnet18, image_size 32, precision fp32; budget 120 s, 100 s spent)" in section
+    assert ("| ddp | 1 | 104.0 img/s (103.0–105.0) | 150.0 img/s (149.0–151.0) | 1.44× | batch 16, channels_last | 3 | "
+            "`python -m bench run --backends ddp --batch-size 16 --channels-last` |") in section
+    assert "| dp | 1 |  |  |  | skipped: no | 0 |  |" in section
+    assert ("**At their best (bench tune): ddp is fastest, 150.0 img/s with batch 16, channels_last; at the shared "
+            "defaults ddp was, 104.0 img/s.**") in md
+    tied = summary_doc()
+    tied["backends"][0]["best"]["median"], tied["backends"][0]["best"]["ci95"] = 149.5, [148.5, 150.5]
+    from bench.commands.report import tune as report_tune
+
+    [v] = report_tune.verdicts({**tied, "_path": "x"})
+    assert v["headline"].startswith("At their best (bench tune): ddp is fastest, 150.0 img/s with batch 16, "
+                                    "channels_last (its interval overlaps single: not established)")
+    assert report_tune.verdicts(None) == [] and report_tune.section(None) == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--budget-s", 0], "bench: error: --budget-s must be a positive number of seconds, got 0"),
+    (["--gpus", "1,2"], "bench: error: --gpus 1,2: bench tune searches at one world size (give one number)"),
+    (["--reference"], "bench: error: bench tune runs one timed run per candidate; --reference is for bench run"),
+    (["--backends", "nope"], "bench: error: unknown backend nope; choose from single,"),
+])
+def test_bad_input_is_one_line(capsys, tmp_path, args, message):
+    code, err = cli_error(capsys, "tune", "--device", "cpu", "--results", tmp_path, *map(str, args))
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(message), err
+
+
+# -- FSDP2's reshard policy, the knob the search tries for it ---------------------------------------------------------
+
+def test_fsdp_reshard_is_fsdp2s_knob_recorded_in_options_and_default_records_nothing():
+    from backends import fsdp2
+
+    assert fsdp2.FSDP_RESHARD in fsdp2.FSDP2.knobs and fsdp2.RESHARD == {"never": "never", "always": "every block",
+                                                                          "default": None}
+    configs, _ = plan(parse_run(["--backends", "fsdp2,ddp", "--gpus", "2", "--device", "cpu", "--fsdp-reshard",
+                                 "always"]))
+    by = {c.backend: c for c in configs}
+    assert by["fsdp2"].options == {"fsdp_reshard": "always"}
+    assert backends.create("ddp").unavailable(by["ddp"]).startswith("ddp cannot honour --fsdp-reshard")
+    configs, _ = plan(parse_run(["--backends", "fsdp2", "--gpus", "2", "--device", "cpu", "--fsdp-reshard", "default"]))
+    assert configs[0].options == {}  # the same configuration as no flag
+
+
+def test_always_reshards_every_block_the_last_included(monkeypatch):
+    import torch.distributed.fsdp as fsdp_module
+    from torchvision.models.resnet import BasicBlock
+
+    import torch
+    from backends import fsdp2
+
+    calls = []
+    monkeypatch.setattr(fsdp_module, "fully_shard", lambda module, **kw: calls.append(kw.get("reshard_after_forward",
+                                                                                             "default")))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), BasicBlock(4, 4), BasicBlock(4, 4), BasicBlock(4, 4))
+    fsdp2.shard(model, object(), None, reshard="every block")
+    assert calls == [True, True, True, "default"]  # every block, then the root with FSDP2's default
+    calls.clear()
+    fsdp2.shard(model, object(), None, reshard="blocks but the last")
+    assert calls == [True, True, False, "default"]
+
+
+@pytest.mark.slow
+def test_fsdp2_setup_reads_the_knob(monkeypatch):
+    """In this process, one gloo rank: what setup built, read back by describe()."""
+    import torch.distributed as dist
+
+    from backends import fsdp2
+    from bench.core.config import RunConfig
+    from bench.launch.run import free_port
+
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+    got = {}
+    try:
+        for value in ("always", "never", None):
+            cfg = RunConfig(backend="fsdp2", launcher="torchrun", world_size=1, device_type="cpu", model="gpt-micro",
+                            image_size=None, seq_len=16, batch_size=2, warmup=2, steps=1, windows=1,
+                            options={"fsdp_reshard": value} if value else {}).validate()
+            backend = fsdp2.FSDP2("fsdp2", "torchrun")
+            backend.setup(cfg)
+            got[value] = backend.describe()["reshard_after_forward"]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert got == {"always": "every block", "never": "never", None: "never"}  # None: world size 1's default
+
+
+@pytest.mark.slow
+def test_a_small_real_search_on_the_cpu(tmp_path):
+    budget = 60
+    proc = bench_inproc("tune", "--backends", "single", "--device", "cpu", "--model", "gpt-micro", "--seq-len", 32,
+                        "--batch-size", 2, "--warmup", 2, "--steps", 10, "--windows", 3, "--budget-s", budget,
+                        "--results", tmp_path / "raw", env={"BENCH_PEAK_CACHE": tmp_path / "peak",
+                                                            "OMP_WAIT_POLICY": "PASSIVE"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = (tmp_path / "raw" / "tune").glob("summary-*.json")
+    doc = json.loads(path.read_text())
+    [s] = doc["backends"]
+    assert s["status"] == "ok" and doc["budget_s"] == budget and doc["spent_s"] < 1.5 * budget  # a hang guard
+    trials = s["trials"]
+    assert trials[0]["settings"] == {} and trials[0]["status"] == "ok" and trials[1]["settings"] == {"batch_size": 4}
+    ran = [t for t in trials if t["status"] == "ok"]
+    assert len(list((tmp_path / "raw" / "tune" / "raw").glob("*.json"))) == len(ran)  # one record per trial run
+    assert s["best"] in ran and all(t["status"] in ("ok", "not run") for t in trials)
+    assert all(not tune.above(t, s["best"]) for t in ran)  # nothing ran beyond the best's interval
+    cmd = shlex.split(s["command"])
+    assert cmd[:4] == ["python", "-m", "bench", "run"] and f"single: {s['command']}" in proc.stdout
+    [cfg], _ = plan(parse_run(cmd[4:]))
+    assert (cfg.backend, cfg.model, cfg.seq_len, cfg.batch_size) == ("single", "gpt-micro", 32,
+                                                                      s["best"]["settings"].get("batch_size", 2))
+    assert bool(cfg.options.get("compile")) == bool(s["best"]["settings"].get("compile"))
+    assert "| backend | world size | at the shared defaults | at its best | best / defaults | best settings |" in proc.stdout
