@@ -98,7 +98,7 @@ def test_every_record_gives_mfu_against_the_measured_peak_and_names_the_mode():
     measured = peak.record_fields(entry)
     assert measured == {"tflops": 600.0, "cache": "/c/x.json", "measured_at": "2026-01-01T00:00:00+00:00",
                         "measured_now": False, "mode": "fp32 (TF32 off)", "shape": [8192] * 3, "threads": None,
-                        "device_name": "H100", "load_average": None, "how": None}
+                        "device_name": "H100", "load_average": None, "cpus": None, "how": None}
     got = record.measured_peak_fields(cfg, 1000.0, measured)
     assert got["mfu_measured"] == pytest.approx(3e9 * 1000.0 / (600.0e12 * 2))
     # fp32 on a GPU: the mode is TF32's where TF32 is on for the model's FLOPs (the matmul flag for a GPT)
@@ -161,3 +161,19 @@ def test_bench_peak_measures_in_a_process_of_its_own_and_prints_the_table(tmp_pa
     assert rec["kind"] == "peak" and rec["threads"] == 1 and rec["entries"][0]["cache"] == str(entry_file)
     assert "| device | mode | threads | TFLOP/s |" in proc.stdout and "| bf16 | 1 |" in proc.stdout
     assert "measured now" in proc.stdout and os.path.basename(entry_file) in proc.stdout
+
+
+def test_a_peak_measured_beside_load_says_so_in_the_report(tmp_path):
+    from bench.commands import report
+    from tests.test_reference import record
+
+    assert peak.busy({"load_average": 1.5, "cpus": 2}) is None and peak.busy(None) is None
+    assert peak.busy({"load_average": 4.4, "cpus": 2}) == (
+        "the measured peak was measured while the load average was 4.4 on 2 CPUs: it may read low and the MFU against "
+        "it high (bench peak --refresh on a quiet machine)")
+    measured = peak.record_fields({"tflops": 0.075, "cache": "/c/e.json", "measured_at": "2026-01-01T00:00:00+00:00",
+                                   "key": cpu_key(threads=2), "load_average": 4.4, "cpus": 2})
+    results.save(record(flops_per_sample=2e9, peak_measured=measured, peak_mode="fp32"), tmp_path / "raw")
+    assert report.cmd_report(argparse.Namespace(results=str(tmp_path / "raw"), out=str(tmp_path / "rep"))) == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert "⚠ MFU (measured peak): the measured peak was measured while the load average was 4.4 on 2 CPUs" in md

@@ -79,7 +79,17 @@ def record_fields(entry: dict | None, why: str | None = None) -> dict:
     return {"tflops": entry["tflops"], "cache": entry.get("cache"), "measured_at": entry["measured_at"],
             "measured_now": bool(entry.get("measured_now")), "mode": mode(entry["key"]["precision"], entry["key"]["tf32"]),
             "shape": entry.get("best_shape"), "threads": entry["key"]["threads"], "device_name": entry["key"]["device_name"],
-            "load_average": entry.get("load_average"), "how": entry.get("how")}
+            "load_average": entry.get("load_average"), "cpus": entry.get("cpus"), "how": entry.get("how")}
+
+
+def busy(measured: dict | None) -> str | None:
+    """Why a measured peak may read low (its load average above the CPUs when it was measured), or None. Cached and
+    reused, such a peak makes every MFU against it read high until ``bench peak --refresh`` on a quiet machine."""
+    load, cpus = (measured or {}).get("load_average"), (measured or {}).get("cpus")
+    if load is None or not cpus or load <= cpus:
+        return None
+    return (f"the measured peak was measured while the load average was {load:.1f} on {cpus} CPUs: it may read low "
+            "and the MFU against it high (bench peak --refresh on a quiet machine)")
 
 
 def table(entries: list[dict]) -> str:

@@ -70,7 +70,9 @@ def hardware_table(ok: list[dict], unit: str) -> list[str]:
             + ("; and against the matmul rate this device was measured to sustain in the same precision mode, "
                "bench peak" if measured else "") + "; energy from NVML's counter around each "
             "window, all GPUs of the run)", "",
-            md_table(head, rows, {1, 3, 4, 5, 6, 7, 8, 9}), ""]
+            md_table(head, rows, {1, 3, 4, 5, 6, 7, 8, 9}), ""] + [
+        f"⚠ MFU (measured peak): {why}" for why in dict.fromkeys(r.get("peak_measured_busy") for r in ok) if why] \
+        + ([""] if any(r.get("peak_measured_busy") for r in ok) else [])
 
 
 def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[str, str]]:

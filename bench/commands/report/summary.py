@@ -117,8 +117,8 @@ def hardware_fields(ok: list[dict], throughput, world_size) -> dict:
     """The compute-only reference (run level, like the throughput), FLOPs, MFU and energy of a configuration."""
     import numpy as np
 
-    from bench.core import stats
-    from bench.core import mfu
+    from bench.core import mfu, stats
+    from bench.core.peak import busy
 
     co = stats.summarise_runs([stats.window_throughputs(r["compute_only_window_seconds"],
                                                         r["global_batch"] * r["steps_per_window"])
@@ -140,6 +140,7 @@ def hardware_fields(ok: list[dict], throughput, world_size) -> dict:
             per_sample and throughput else None, "peak_measured_tflops": measured_peak,
             "peak_mode": next((r["peak_mode"] for r in ok if r.get("peak_mode")), None),
             "peak_measured_at": max((m["measured_at"] for m in measured), default=None),
+            "peak_measured_busy": next((busy(m) for m in measured if busy(m)), None),
             "joules_per_image": med("joules_per_image"),
             "mean_watts": med("mean_watts")}
 
