@@ -89,7 +89,7 @@ def lines(records: list[dict]) -> list[str]:
             continue
         o = {"overhead": f["overhead"], "ci95": f["overhead_ci95"], "interval": f["interval"]}
         verdict = {"over": f" ⚠ over {100 * reference.THRESHOLD:g}%",
-                   "over by the median": f" ⚠ over {100 * reference.THRESHOLD:g}% by the median (within noise)",
+                   "over by the median": f" ⚠ over {100 * reference.THRESHOLD:g}% by the median (its interval reaches below)",
                    "within": ""}[reference.judge(o)]
         line = f"  {who}: harness overhead {reference.describe(o, f['timing'])}{verdict}"
         if f.get("compiled_vs_eager") is not None:

@@ -61,7 +61,7 @@ def judged(r: dict) -> str | None:
     lo, _ = r["harness_overhead_ci_pct"]
     o = {"overhead": r["harness_overhead_pct"] / 100, "ci95": [lo / 100, 0], "interval": r["overhead_interval"]}
     limit = f"{100 * reference.THRESHOLD:g}%"
-    return {"over": f"⚠ over {limit}", "over by the median": f"⚠ over {limit} by the median (within noise)",
+    return {"over": f"⚠ over {limit}", "over by the median": f"⚠ over {limit} by the median (its interval reaches below)",
             "within": f"within {limit}"}[reference.judge(o)]
 
 
@@ -158,5 +158,5 @@ def verdict_lines(ok: list[dict]) -> list[str]:
                    + f" ({within[0]['overhead_timing']}).")
     for r in over:
         out.append(f"Harness over {limit} for {label(r)}: {r['harness_overhead_pct']:+.1f}% slower than its plain twin "
-                   f"(95% interval {interval(r)}, {r['overhead_timing']}){'' if judged(r) == '⚠ over ' + limit else ', within noise'}.")
+                   f"(95% interval {interval(r)}, {r['overhead_timing']}){'' if judged(r) == '⚠ over ' + limit else f'; its interval reaches below {limit}: not established'}.")
     return out
