@@ -90,12 +90,12 @@ def entry(k: dict, device: torch.device, directory: Path, since: str | None) -> 
     found = vocab.read(k, directory)
     if not vocab.stale(found, since):
         return found
+    path = vocab.entry_path(k, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)  # an unusable cache fails here, before the measurement
     got = measure(device, k["precision"], k["tf32"])
     # a rate measured beside other load is low, and cached: say how loaded the machine was (bench peak --refresh)
     new = {"schema": vocab.PEAK_SCHEMA, "key": k, "measured_at": utc_now(), "load_average": os.getloadavg()[0],
            "cpus": os.cpu_count(), **got}
-    path = vocab.entry_path(k, directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(new, path, overwrite=True)
     return {**new, "cache": str(path), "measured_now": True}
 
