@@ -167,12 +167,12 @@ def cmd_tune(args) -> int:
     if args.gpus and "," in args.gpus:
         raise UsageError(f"--gpus {args.gpus}: bench tune searches at one world size (give one number)")
     world = int(args.gpus) if args.gpus else (present if device_type == "cuda" else 1)
-    names = [n for n in (args.backends.split(",") if args.backends != "all" else backends.names()) if n.strip()]
+    names = [n.strip() for n in (args.backends.split(",") if args.backends != "all" else backends.names()) if n.strip()]
     base = argv_of(args, drop=("backends", "gpus", "max_gpus", "results"))
     plan(parse_run([*base, "--backends", ",".join(names), "--gpus", str(world), "--results", args.results]))  # checks
     fixed = {"cudnn_benchmark"} if args.cudnn_benchmark is not None else set()  # --batch-size: where the batch starts
     fixed |= {k.key for k in backends.knobs() if getattr(args, k.dest, None) not in k.off + (None,)}
-    out, raw = Path(args.results) / "tune", Path(args.results) / "tune" / "raw"
+    raw = Path(args.results) / "tune" / "raw"
     check_writable(raw)
     env_meta = environment.collect_env(backends.environment(names))
     start, summaries, first = time.monotonic(), [], None

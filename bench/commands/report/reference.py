@@ -80,7 +80,7 @@ def twin_table(ok: list[dict]) -> list[str]:
              None if r.get("harness_overhead_pct") is None else f"{r['harness_overhead_pct']:+.1f} %",
              None if r.get("harness_overhead_pct") is None else interval(r), r.get("overhead_timing"),
              f"{r['runs_ok']} / {r['twin_runs']}", judged(r) or r.get("twin_reason")] for r in rows]
-    return [f"**6. Harness vs its plain twin** (`bench run --reference`: `bench/twins/`, the plainest PyTorch loop of the "
+    return ["**6. Harness vs its plain twin** (`bench run --reference`: `bench/twins/`, the plainest PyTorch loop of the "
             "same workload, precision, batch, memory format and compile setting on one device, run interleaved with "
             "these runs; harness overhead = 1 − harness / twin, > 0: the harness is slower; CPU time on CPUs, wall "
             "time on GPUs, and both throughputs by that timing: on CPUs samples per CPU-second of the process)", "",
