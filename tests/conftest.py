@@ -17,6 +17,10 @@ import pytest
 # correctness, not speed; a benchmark run keeps the user's policy. Set before torch (and its libgomp) loads; ranks
 # inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The first run of a sweep measures the matmul peak once per machine and caches it (bench/core/peak.py): tests never
+# read or write the user's cache, but one of their own per session, shared by its xdist workers (they inherit it).
+if "BENCH_PEAK_CACHE" not in os.environ:
+    os.environ["BENCH_PEAK_CACHE"] = tempfile.mkdtemp(prefix="bench-test-peak-")
 
 import torch  # noqa: E402
 
