@@ -179,7 +179,7 @@ def cmd_tune(args) -> int:
     stamp = results.new_run_id("tune", world).split("-tune")[0]
     for i, name in enumerate(names):
         backend = backends.create(name)
-        n = min(world, backend.world_size_limit(device_type) or world)
+        n = min(world, backend.world_size_limit(device_type)[0] or world)
         run_args = [*base, "--backends", name, "--gpus", str(n), "--results", str(raw)]
 
         def configure(settings, run_args=run_args):
