@@ -15,15 +15,10 @@ DDP_BUCKET_MB = 25
 
 def load(results_dir: Path, warn=warn) -> list[dict]:
     """The ok collectives records in RESULTS/collectives."""
-    import json
+    from bench.core.results import read_json
 
     out = []
-    for f in sorted((Path(results_dir) / "collectives").glob("*.json")):
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable collectives record ({type(e).__name__}: {e})")
-            continue
+    for f, rec in read_json(sorted((Path(results_dir) / "collectives").glob("*.json")), "collectives record", warn):
         if isinstance(rec, dict) and rec.get("schema") == COLLECTIVES_SCHEMA and rec.get("status") == "ok":
             out.append(rec)
     return out

@@ -2,20 +2,17 @@
 (bench/rank/overhead.py), the command that prints it and the report: its schema, how it is read back, its table."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from bench.core.results import read_json
 
 OVERHEAD_SCHEMA = "overhead-1"
 
 
 def latest(results_dir: Path, warn) -> dict | None:
     """The newest readable ok overhead record in RESULTS/overhead, with its path as ``_path``."""
-    for f in sorted((Path(results_dir) / "overhead").glob("*.json"), reverse=True):
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable overhead record ({type(e).__name__}: {e})")
-            continue
+    for f, rec in read_json(sorted((Path(results_dir) / "overhead").glob("*.json"), reverse=True),
+                            "overhead record", warn):
         if isinstance(rec, dict) and rec.get("schema") == OVERHEAD_SCHEMA and rec.get("status") == "ok":
             rec["_path"] = str(f)
             return rec

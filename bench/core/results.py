@@ -141,6 +141,16 @@ def write_json_atomic(obj, final: Path, overwrite: bool = False) -> None:
             os.unlink(tmp)
 
 
+def read_json(files, what: str, warn):
+    """(path, parsed JSON) for each of ``files`` in order; one that cannot be read or parsed is skipped with one
+    warning naming it and ``what`` it should have been. Every reader of RESULTS/ files goes through here."""
+    for f in files:
+        try:
+            yield f, json.loads(Path(f).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            warn(f"skipping {f}: not a readable {what} ({type(e).__name__}: {e})")
+
+
 def load(path: str | os.PathLike, warn=warnings.warn) -> list[dict]:
     """Records from a file or a directory (non-recursive, ``*.json``).
 
@@ -150,12 +160,7 @@ def load(path: str | os.PathLike, warn=warnings.warn) -> list[dict]:
     path = Path(path)
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     out = []
-    for f in files:
-        try:
-            data = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable JSON record ({type(e).__name__}: {e})")
-            continue
+    for f, data in read_json(files, "JSON record", warn):
         items = data.get("records") if isinstance(data, dict) and "records" in data else data
         for rec in items if isinstance(items, list) else [items]:
             if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:

@@ -2,8 +2,9 @@
 bench/commands/tune.py; the report's "At their best" section and verdict line read the newest summary). No torch."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from bench.core.results import read_json
 
 TUNE_SCHEMA = "tune-1"
 
@@ -14,12 +15,8 @@ def path(results_dir: Path, stamp: str) -> Path:
 
 def latest(results_dir: Path, warn) -> dict | None:
     """The newest readable tune summary in RESULTS/tune, with its path as ``_path``."""
-    for f in sorted((Path(results_dir) / "tune").glob("summary-*.json"), reverse=True):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable tune summary ({type(e).__name__}: {e})")
-            continue
+    for f, doc in read_json(sorted((Path(results_dir) / "tune").glob("summary-*.json"), reverse=True),
+                            "tune summary", warn):
         if isinstance(doc, dict) and doc.get("schema") == TUNE_SCHEMA:
             doc["_path"] = str(f)
             return doc

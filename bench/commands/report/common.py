@@ -67,12 +67,9 @@ def latest_summary(src: Path, kind: str, what: str, warn) -> dict | None:
     """The newest readable schema-1 summary of ``bench run --find-max-batch`` (kind ``maxbatch``) or
     ``--find-max-model`` (``maxmodel``) in ``src/kind/``, with its path as ``_path``; unreadable ones are skipped
     with a warning."""
-    for f in reversed(sorted((src / kind).glob("summary-*.json"))):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable {what} summary ({type(e).__name__}: {e})")
-            continue
+    from bench.core.results import read_json
+
+    for f, doc in read_json(reversed(sorted((src / kind).glob("summary-*.json"))), f"{what} summary", warn):
         if isinstance(doc, dict) and doc.get("kind") == kind and doc.get("schema") == 1:
             doc["_path"] = str(f)
             return doc

@@ -27,14 +27,10 @@ def wait_pct(recs: list[dict]) -> float | None:
 
 def loader_records(src: Path, warn) -> list[dict]:
     from bench.core.results import LOADER_SCHEMA as SCHEMA
+    from bench.core.results import read_json
 
     out = []
-    for f in sorted((src / "loader").glob("*.json")):
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            warn(f"skipping {f}: not a readable loader record ({type(e).__name__}: {e})")
-            continue
+    for f, rec in read_json(sorted((src / "loader").glob("*.json")), "loader record", warn):
         if isinstance(rec, dict) and rec.get("schema") == SCHEMA and isinstance(rec.get("results"), list):
             out.append(rec)
         else:
