@@ -3,7 +3,6 @@ timeout's growth with --compile and world size, and baseline names keyed on GPU 
 from __future__ import annotations
 
 import argparse
-import json
 
 import pytest
 import torch

@@ -5,7 +5,6 @@ import errno
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
