@@ -77,6 +77,12 @@ def test_a_failed_rank_is_reported_with_the_exception_s_message_not_its_source_l
     # the harness writes the failed record itself: the reason says what the ranks did not write, not "no record"
     assert reason.startswith("torchrun exit code 1 before rank 0 wrote the run's results;")
     assert diagnose._first_error("[rank0]: Segmentation fault (core dumped)\n") == "Segmentation fault (core dumped)"
+    # the rank that failed first printed after the others' collapse: its cause is still the first error
+    collapse_first = (TRACEBACK.splitlines()[-1] + "\n" + "\n".join(TRACEBACK.splitlines()[1:-1]) + "\n"
+                      "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 13\n")
+    assert diagnose._first_error(collapse_first) == "bench.core.errors.UsageError: no readable image in /data/train"
+    # only the collapse: it is still said
+    assert diagnose._first_error(TRACEBACK.splitlines()[-1]).startswith("RuntimeError: [../third_party/gloo")
 
 
 def test_the_default_cpu_sweep_measures_dp_at_one_worker():

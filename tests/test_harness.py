@@ -27,26 +27,28 @@ def test_replica_check_fails_when_replicas_differ(results_dir):
 
 @pytest.mark.slow
 def test_repeats_run_interleaved_and_resume_runs_only_what_has_no_ok_record(results_dir):
-    """dp at 1 and 2 workers (at 2 it is skipped on CPU, before anything is launched), then --repeat 2 --resume on the
-    same directory: the repetition already there is not run again, a skipped run is planned again, and the rest run
-    interleaved (every configuration once before any repeats)."""
-    run = ("run", "--backends", "dp", "--gpus", "1,2", *TINY, "--results", results_dir)
+    """single and ddp_amp_syncbn at 1 worker (SyncBatchNorm is skipped on CPU, before anything is launched), then
+    --repeat 2 --resume on the same directory: the repetition already there is not run again, a skipped run is planned
+    again, and the rest run interleaved (every configuration once before any repeats)."""
+    run = ("run", "--backends", "single,ddp_amp_syncbn", "--gpus", "1", *TINY, "--results", results_dir)
     proc = bench_inproc(*run)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    recs = {r["world_size"]: r for r in records(results_dir)}
-    assert (recs[1]["status"], recs[2]["status"]) == ("ok", "skipped") and recs[2]["throughput"] is None
-    for line in ("dp", "global img/s", "per-device img/s", "skipped"):
+    recs = {r["backend"]: r for r in records(results_dir)}
+    assert (recs["single"]["status"], recs["ddp_amp_syncbn"]["status"]) == ("ok", "skipped")
+    assert recs["ddp_amp_syncbn"]["throughput"] is None
+    for line in ("single", "global img/s", "per-device img/s", "skipped"):
         assert line in proc.stdout
 
     again = bench_inproc(*run, "--repeat", 2, "--resume")
     assert again.returncode == 0, again.stdout + again.stderr
-    # dp x1 has its first repetition; dp x2 was skipped (not ok), so it is planned again
+    # single has its first repetition; ddp_amp_syncbn was skipped (not ok), so it is planned again
     assert "resume: 1 of 4 runs already have an ok record" in again.stderr
     lines = [ln for ln in again.stdout.splitlines() if ln.startswith("[")]
-    assert [ln.split(" on ")[0] for ln in lines] == ["[1/3] dp x2", "[2/3] dp x1", "[3/3] dp x2"]
+    assert [ln.split(" on ")[0] for ln in lines] == ["[1/3] ddp_amp_syncbn x1", "[2/3] single x1",
+                                                     "[3/3] ddp_amp_syncbn x1"]
     assert lines[0].endswith("(repeat 1/2) ...") and all(ln.endswith("(repeat 2/2) ...") for ln in lines[1:])
-    ok = sorted((r["world_size"], r["repeat_index"], r["repeats"]) for r in records(results_dir) if r["status"] == "ok")
-    assert ok == [(1, 1, 1), (1, 2, 2)]
+    ok = sorted((r["backend"], r["repeat_index"], r["repeats"]) for r in records(results_dir) if r["status"] == "ok")
+    assert ok == [("single", 1, 1), ("single", 2, 2)]
 
 
 @pytest.mark.slow

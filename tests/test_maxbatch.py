@@ -75,3 +75,23 @@ def test_find_max_batch_on_cpu_with_a_heap_budget(tmp_path):
     assert results[row["max_batch"]] == "fits" and 1 <= row["max_batch"] < 512
     assert all(r == "out of memory" for b, r in results.items() if b > row["max_batch"])
     assert "max batch per device:" in proc.stdout
+
+
+def test_a_segfault_under_the_heap_budget_reads_as_out_of_memory_and_only_there(tmp_path):
+    """Under --memory-limit-gib malloc returns NULL at the budget, and a library that does not check it dies of
+    SIGSEGV (seen at batch 128 beside a busy test worker): the search reads it as out of memory, saying 'probably'.
+    Without the budget a segfault is a crash like any other."""
+    import signal
+
+    from bench.commands import _probe
+    from bench.core.config import RunConfig
+    from bench.launch import diagnose
+
+    cfg = RunConfig(backend="single", launcher="inproc", world_size=1, device_type="cpu", model="resnet18",
+                    image_size=64, batch_size=128, warmup=2, steps=1, windows=1).validate()
+    output = "$ python -m bench.rank --spec s.json\n"
+    budget = diagnose.failure_reason(cfg, output, -signal.SIGSEGV, False, 60, tmp_path / "x.log", heap_budget=True)
+    assert budget.startswith("out of memory: batch 128 per device") and "probably: killed by SIGSEGV" in budget
+    assert _probe.outcome({"status": "failed", "reason": budget}) == "out of memory"
+    plain = diagnose.failure_reason(cfg, output, -signal.SIGSEGV, False, 60, tmp_path / "x.log")
+    assert plain.startswith("inproc killed by SIGSEGV") and _probe.outcome({"status": "failed", "reason": plain}) == "error"

@@ -273,7 +273,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     # nothing about scaling, and it keeps `make bench` on a laptop within minutes. --gpus 1,2 runs every size.
     cpu_top = max(sizes) if device_type == "cpu" and not args.gpus and nnodes == 1 and len(sizes) > 1 else None
     limits = {name: backends.create(name).world_size_limit(device_type) for name in names}
-    if cpu_top:
+    if cpu_top and any(limits[name][0] != 1 for name in names):  # nothing to say where every backend runs at 1
         ones = [name for name in names if limits[name][0] == 1]
         notes.append(f"CPU sweep: {' and '.join(ones) + ' at 1 worker, the others' if ones else 'every backend'} at "
                      f"{cpu_top} workers only (--gpus 1,{cpu_top} runs every size)")

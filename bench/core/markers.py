@@ -16,6 +16,11 @@ RUN_TAG = "BENCH_RUN_ID"  # in the environment of every process of a run: how th
 PEER_LOST_MARKER = "BENCH-PEER-LOST:"  # several nodes: a node stopped answering; JSON naming it follows the marker
 PEER_LOST_EXIT = 5
 
+# A rank could not write a result file for want of room (bench/core/errors.py DISK_FULL): JSON with the errno and the
+# file follows the marker, and the harness stops as if its own write had failed (one line, no record written)
+DISK_FULL_MARKER = "BENCH-DISK-FULL:"
+DISK_FULL_EXIT = 6
+
 # "PID:START" of the harness process that started this run (START: its creation time, as psutil reports it, so a
 # reused pid is never mistaken for it). Every rank watches that process and exits when it is gone, so a harness
 # killed with SIGKILL (an OOM killer, a CI runner's hard cancel) leaves no rank holding a GPU.

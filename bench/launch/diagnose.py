@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.core import workloads
 from bench.core.config import Nodes, RunConfig
-from bench.core.markers import OOM_MARKER, PEER_LOST_MARKER, REFUSED_MARKER, oom_evidence
+from bench.core.markers import DISK_FULL_MARKER, OOM_MARKER, PEER_LOST_MARKER, REFUSED_MARKER, oom_evidence
 
 # What a launcher puts before a rank's line: horovodrun "[0]<stderr>:", torch's "[rank0]: ".
 _RANK_TAG = re.compile(r"^(?:\[\d+\]<std(?:out|err)>:|\[rank\d+\]:\s?)")
@@ -25,8 +25,10 @@ def _marked(output: str, marker: str) -> str | None:
 
 
 def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeout: float, log_path,
-                   nodes: Nodes | None = None) -> str:
-    """One line saying why a run left no record, from its exit status and everything its ranks printed."""
+                   nodes: Nodes | None = None, heap_budget: bool = False) -> str:
+    """One line saying why a run left no record, from its exit status and everything its ranks printed.
+    ``heap_budget``: the ranks ran under --memory-limit-gib (RLIMIT_DATA), where malloc returns NULL at the budget and
+    a library that does not check it dies of SIGSEGV: that is read as out of memory, and says so."""
     refused = _marked(output, REFUSED_MARKER)
     if refused is not None:
         return "refused: " + refused
@@ -43,6 +45,9 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
         # watchdog thread takes the process down with its error; gloo or a library threw std::bad_alloc in C++)
         said = oom_evidence(output)
         oom = _RANK_TAG.sub("", said, count=1) if said else "std::bad_alloc" if "std::bad_alloc" in output else None
+    if oom is None and heap_budget and rc == -signal.SIGSEGV:
+        oom = ("probably: killed by SIGSEGV with the --memory-limit-gib heap budget in force (an allocation refused "
+               "at the budget that a library did not check)")
     if oom:
         return (f"out of memory: batch {cfg.batch_size} per device ({cfg.global_batch} global), "
                 f"{cfg.model} at {workloads.shape(cfg.to_dict())}, {cfg.precision}: {oom}")
@@ -53,6 +58,18 @@ def failure_reason(cfg: RunConfig, output: str, rc: int, timed_out: bool, timeou
     return (f"{who + '; ' if who else ''}{cfg.launcher} {how} before rank 0 wrote the run's results; "
             f"{'first error: ' + first + '; ' if first else ''}last lines: {_summary(output[-20000:], lines=3)}; "
             f"log {log_path}")
+
+
+def disk_full(output: str) -> OSError | None:
+    """The write a rank could not make for want of room (bench/rank/entry.py), as the OSError it raised, or None."""
+    text = _marked(output, DISK_FULL_MARKER)
+    if text is None:
+        return None
+    try:
+        what = json.loads(text)
+        return OSError(int(what["errno"]), what.get("strerror") or "no room", what.get("filename"))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def lost_peer(output: str) -> dict | None:
@@ -121,11 +138,24 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception
 _SOURCE_LINE = re.compile(r"^(?:raise |File \"|\^+$|~+$|return |[\w.]+\(.*\)$)")
 
 
+# What the other ranks and the launcher say after one rank failed: the collapse, never its cause (gloo's and NCCL's
+# lost connections, a collective aborted, torch.multiprocessing's report that a child exited)
+_COLLAPSE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ProcessExitedException|"
+                       r"ProcessRaisedException|ChildFailedError|DistBackendError|communicator was aborted")
+
+
 def _first_error(output: str) -> str | None:
-    """The first error of the run, as the exception says it: the first ``SomeError: message`` line (the rank that
-    failed first usually says why; the others only report the collapse that followed: connection reset, timeouts);
-    else the first error-looking line that is not a source line a traceback quoted."""
+    """The run's first error, as its cause says it: a fault BENCH_FAULT injected on purpose; else the first
+    ``SomeError: message`` line that is not the collapse which followed (the rank that failed says why; the others
+    report connections reset, collectives aborted); else the first exception line; else the first error-looking line
+    that is not a source line a traceback quoted."""
     lines = [_RANK_TAG.sub("", ln, count=1).strip() for ln in output.splitlines() if not ln.startswith("$ ")]
+    for line in lines:
+        if line.startswith("BENCH_FAULT: injected"):
+            return line[:400]
+    for line in lines:
+        if _EXCEPTION_LINE.match(line) and not _COLLAPSE.search(line):
+            return line[:400]
     for line in lines:
         if _EXCEPTION_LINE.match(line):
             return line[:400]

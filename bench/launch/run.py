@@ -20,7 +20,7 @@ from bench.core.config import Nodes, RunConfig
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError
 from bench.core.markers import HARNESS_ENV, RANK_ENTRY, RUN_TAG
-from bench.launch.diagnose import failure_reason, lost_peer, read_from
+from bench.launch.diagnose import disk_full, failure_reason, lost_peer, read_from
 from bench.launch.tree import run_group
 
 LAUNCHERS = ("inproc", "torchrun", "spawn", "horovodrun")
@@ -161,7 +161,11 @@ def run_one(cfg: RunConfig, results_dir: Path, env_meta: dict, backend, extra_en
             continue  # someone took the port between our probe and the rendezvous: try a new one
         break
 
-    record.update(status="failed", reason=failure_reason(cfg, output, rc, timed_out, timeout, log_path, nodes))
+    full = disk_full(output)
+    if full is not None:  # a rank found the disk full writing a result: stop as the harness's own write would
+        raise full
+    record.update(status="failed", reason=failure_reason(cfg, output, rc, timed_out, timeout, log_path, nodes,
+                                                         heap_budget=bool(memory_limit_gib)))
     lost = lost_peer(output)
     if lost is not None:
         record["lost_node"] = lost  # several nodes: which node stopped answering, when and in which phase

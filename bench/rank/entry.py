@@ -15,7 +15,8 @@ import json
 import os
 import sys
 
-from bench.core.markers import OOM_EXIT, OOM_MARKER, oom_evidence
+from bench.core.errors import DISK_FULL
+from bench.core.markers import DISK_FULL_EXIT, DISK_FULL_MARKER, OOM_EXIT, OOM_MARKER, oom_evidence
 from bench.rank import lifeline
 from bench.rank.memory import is_oom
 
@@ -45,7 +46,11 @@ def guarded(spec: dict) -> None:
     try:
         getattr(importlib.import_module(module), func)(spec)
         lifeline.finish()
-    except Exception as e:  # noqa: BLE001 - only out-of-memory is handled here; anything else propagates
+    except Exception as e:  # noqa: BLE001 - only out-of-memory and a full disk are handled here; the rest propagates
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            what = {"errno": e.errno, "strerror": e.strerror, "filename": e.filename}
+            print(f"{DISK_FULL_MARKER} {json.dumps(what)}", file=sys.stderr, flush=True)
+            os._exit(DISK_FULL_EXIT)
         if not is_oom(e):
             lifeline.verdict_on(e)  # several nodes: a lost node ends this rank naming it, else the error stands
             raise

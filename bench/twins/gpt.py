@@ -1,8 +1,8 @@
 """The plain twin of a gpt-<size> run (``bench run --reference``): the plainest PyTorch loop that trains the same
 GPT (backends/models/gpt.py, the model definition the harness trains) on the same random token sequences, at the
 same precision, batch and compile setting, on one device, with the same warm-up, settle step and windows. No harness
-code: torch and the model definition only, so a reader can check it line by line. The harness compares every
-world-size-1 run of the same configuration with it (docs/close-to-the-machine.md).
+code: torch, the model definition and the step and windows of loop.py beside it, so a reader can check it line by
+line. The harness compares every world-size-1 run of the same configuration with it (docs/close-to-the-machine.md).
 
     PYTHONPATH=. python bench/twins/gpt.py SETTINGS.json OUT.json
 
@@ -11,12 +11,12 @@ compile, device, threads, seed, warmup, settle, steps, windows); OUT.json gets e
 """
 import json
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from backends.models.gpt import GPT
+from bench.twins import loop
 
 
 def setup(c):
@@ -37,57 +37,12 @@ def main(settings, out_path):
     c = json.load(open(settings))
     torch.set_num_threads(c["threads"])
     model, optimizer, x, y, device = setup(c)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
-    scaler = torch.amp.GradScaler(device.type) if c["precision"] == "fp16" else None
-    compiled = torch.compile(model) if c["compile"] else model
 
-    def step(net):
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            logits = net(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        optimizer.zero_grad()
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+    def loss_of(net):
+        logits = net(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))  # next-token loss
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def measure(net):
-        """Warm-up (each step on its own), settle, then the timed windows: wall and CPU time of each."""
-        warm, wall, cpu = [], [], []
-        for _ in range(c["warmup"]):
-            t0 = time.perf_counter()
-            step(net)
-            sync()
-            warm.append(time.perf_counter() - t0)
-        for _ in range(c["settle"]):
-            step(net)
-        sync()
-        span = [time.time()]
-        for _ in range(c["windows"]):
-            sync()
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            for _ in range(c["steps"]):
-                step(net)
-            sync()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-        return warm, wall, cpu, span + [time.time()]
-
-    warm, wall, cpu, span = measure(compiled)
-    out = {"window_seconds": wall, "window_cpu_seconds": cpu, "warmup_step_seconds": warm, "windows_wall_span": span,
-           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-           "torch": torch.__version__}
-    if c["compile"]:  # the eager twin: the same model uncompiled, timed the same way after the compiled windows
-        _, out["eager_window_seconds"], out["eager_window_cpu_seconds"], _ = measure(model)
-    json.dump(out, open(out_path, "w"))
+    loop.run(c, model, optimizer, loss_of, device, out_path)
 
 
 if __name__ == "__main__":

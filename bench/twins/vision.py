@@ -1,21 +1,22 @@
 """The plain twin of a vision run (``bench run --reference``): the plainest PyTorch loop that trains the same
 torchvision model as the harness, at the same precision, batch, memory format and compile setting, on the same
-synthetic batch, on one device, with the same warm-up, settle step and windows. No harness code: torch and
-torchvision only, so a reader can check it line by line. The harness compares every world-size-1 run of the same
+synthetic batch, on one device, with the same warm-up, settle step and windows. No harness code: torch,
+torchvision and the step and windows of loop.py beside it, so a reader can check it line by line. The harness compares every world-size-1 run of the same
 configuration with it (docs/close-to-the-machine.md).
 
-    python bench/twins/vision.py SETTINGS.json OUT.json
+    PYTHONPATH=. python bench/twins/vision.py SETTINGS.json OUT.json
 
 SETTINGS.json holds plain values (model, image_size, batch, precision, channels_last, compile, device, threads,
 seed, warmup, settle, steps, windows); OUT.json gets each window's wall and CPU time.
 """
 import json
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 import torchvision
+
+from bench.twins import loop
 
 
 def setup(c):
@@ -43,56 +44,7 @@ def main(settings, out_path):
     if c["device"] == "cuda":
         torch.backends.cudnn.benchmark = bool(c["cudnn_benchmark"])
     model, optimizer, x, y, device = setup(c)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
-    scaler = torch.amp.GradScaler(device.type) if c["precision"] == "fp16" else None
-    compiled = torch.compile(model) if c["compile"] else model
-
-    def step(net):
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss = F.cross_entropy(net(x), y)
-        optimizer.zero_grad()
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def measure(net):
-        """Warm-up (each step on its own), settle, then the timed windows: wall and CPU time of each."""
-        warm, wall, cpu = [], [], []
-        for _ in range(c["warmup"]):
-            t0 = time.perf_counter()
-            step(net)
-            sync()
-            warm.append(time.perf_counter() - t0)
-        for _ in range(c["settle"]):
-            step(net)
-        sync()
-        span = [time.time()]
-        for _ in range(c["windows"]):
-            sync()
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            for _ in range(c["steps"]):
-                step(net)
-            sync()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-        return warm, wall, cpu, span + [time.time()]
-
-    warm, wall, cpu, span = measure(compiled)
-    out = {"window_seconds": wall, "window_cpu_seconds": cpu, "warmup_step_seconds": warm, "windows_wall_span": span,
-           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-           "torch": torch.__version__}
-    if c["compile"]:  # the eager twin: the same model uncompiled, timed the same way after the compiled windows
-        _, out["eager_window_seconds"], out["eager_window_cpu_seconds"], _ = measure(model)
-    json.dump(out, open(out_path, "w"))
+    loop.run(c, model, optimizer, lambda net: F.cross_entropy(net(x), y), device, out_path)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""What both plain twins share, in plain torch: one training step (autocast at bf16/fp16, a GradScaler at fp16) and
+the harness's window schedule (warm-up steps timed one by one, the settle step, then the timed windows, the device
+synchronised at each edge), with the wall and CPU time of each window. Under --compile the eager model is timed the
+same way after the compiled windows. It imports json, time and torch only."""
+import json
+import time
+
+import torch
+
+
+def run(c, model, optimizer, loss_of, device, out_path):
+    """Train ``model`` on ``loss_of(net)`` (the loss of one forward of ``net`` on the twin's fixed batch) under the
+    settings ``c`` and write the window times to ``out_path``."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
+    scaler = torch.amp.GradScaler(device.type) if c["precision"] == "fp16" else None
+    compiled = torch.compile(model) if c["compile"] else model
+
+    def step(net):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = loss_of(net)
+        optimizer.zero_grad()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def measure(net):
+        """Warm-up (each step on its own), settle, then the timed windows: wall and CPU time of each."""
+        warm, wall, cpu = [], [], []
+        for _ in range(c["warmup"]):
+            t0 = time.perf_counter()
+            step(net)
+            sync()
+            warm.append(time.perf_counter() - t0)
+        for _ in range(c["settle"]):
+            step(net)
+        sync()
+        span = [time.time()]
+        for _ in range(c["windows"]):
+            sync()
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            for _ in range(c["steps"]):
+                step(net)
+            sync()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        return warm, wall, cpu, span + [time.time()]
+
+    warm, wall, cpu, span = measure(compiled)
+    out = {"window_seconds": wall, "window_cpu_seconds": cpu, "warmup_step_seconds": warm, "windows_wall_span": span,
+           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+           "torch": torch.__version__}
+    if c["compile"]:  # the eager twin: the same model uncompiled, timed the same way after the compiled windows
+        _, out["eager_window_seconds"], out["eager_window_cpu_seconds"], _ = measure(model)
+    json.dump(out, open(out_path, "w"))
