@@ -1,5 +1,6 @@
 """The Makefile shows a user the commands it runs, not its shell recipes (`if [ -n "" ]; then ...` once filled the
 screen of `make bench`)."""
+import os
 import subprocess
 
 import pytest
@@ -9,9 +10,11 @@ from tests.conftest import REPO
 
 @pytest.mark.slow
 def test_make_bench_prints_each_command_and_no_shell_block(tmp_path):
-    # PY=true: every step "succeeds" at once; the install steps are the real ones (quick: already done)
+    # PY=true: every step "succeeds" at once; the install steps are the real ones (quick: already done). Run under
+    # `make test ARGS=...`, the outer make's variables reach this one through MAKEFLAGS: a user's `make bench` has none
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")}
     proc = subprocess.run(["make", "--no-print-directory", "bench", "PY=true", f"RESULTS={tmp_path}/raw",
-                           f"REPORT={tmp_path}/rep"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                           f"REPORT={tmp_path}/rep"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("true ")]
     assert lines == [f"true -m bench run --max-gpus all --results {tmp_path}/raw --reference",
