@@ -214,11 +214,12 @@ def _sigterm_as_interrupt(signum, frame):
 
 
 def run_external(args, configs) -> int:
-    """Run the single planned configuration as this process's rank; global rank 0 writes the record."""
+    """Run the single planned configuration as this process's rank; global rank 0 writes the record. The process ends
+    here, as every rank's does (bench/rank/entry.py exit_done)."""
     import socket
 
     from bench.core import results
-    from bench.rank.entry import guarded
+    from bench.rank.entry import exit_done, guarded
 
     if len(configs) != 1 or configs[0].launcher != "torchrun":
         raise UsageError("--external runs one torch.distributed backend (launched by torchrun otherwise: ddp, "
@@ -236,4 +237,4 @@ def run_external(args, configs) -> int:
     print(f"bench run --external: rank {rank} of {cfg.world_size} on {socket.gethostname()}, {cfg.backend}",
           file=sys.stderr, flush=True)
     guarded(spec)
-    return 0
+    exit_done()

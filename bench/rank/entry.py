@@ -32,6 +32,18 @@ def _spawned(index: int, spec: dict, nprocs: int) -> None:
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs),
                       LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["master_port"]))
     guarded(spec)
+    exit_done()
+
+
+def exit_done() -> None:
+    """End a rank process whose task finished (its results written, its process group destroyed) without the
+    interpreter's finalisation. There, torch can still abort the process: a Gloo worker thread destroys a tensor
+    that needs the GIL the dying interpreter no longer gives ("terminate called without an active exception",
+    SIGABRT; pytorch/pytorch#179291). Here that took down 1 fsdp2 run in 8 after its record was written, failed the
+    2-rank tests that spawn ranks, and across nodes would hold the rank in the SIGABRT handler for a verdict."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def guarded(spec: dict) -> None:
@@ -81,3 +93,4 @@ def main(argv=None) -> None:
         mp.spawn(_spawned, args=(spec, args.spawn), nprocs=args.spawn, join=True)
     else:
         guarded(spec)
+        exit_done()
