@@ -67,6 +67,19 @@ def test_external_without_a_local_rank_is_refused_on_several_gpus(gpus, capsys, 
                    "MPI_LOCALRANKID is set (every rank would use cuda:0)\n")
 
 
+def test_external_refuses_a_backend_torchrun_does_not_launch_naming_those_it_does(gpus, capsys, tmp_path, monkeypatch):
+    gpus(0)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--external", "--backends", "single", "--results", str(tmp_path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "bench: error: --external runs one torch.distributed backend (launched by torchrun otherwise: ddp, "
+        "ddp_amp_syncbn, fsdp2, ds_zero1, ds_zero2, ds_zero3, ddp_zero, allreduce_manual) at the world size the "
+        "engine set; got single x1\n")
+
+
 @pytest.mark.parametrize("n, device", [(1, "auto"), (0, "auto"), (4, "cpu")])
 def test_external_without_a_local_rank_is_rank_0_of_1_with_one_gpu_or_on_cpu(gpus, n, device):
     import os

@@ -222,9 +222,10 @@ def run_external(args, configs) -> int:
     from bench.rank.entry import exit_done, guarded
 
     if len(configs) != 1 or configs[0].launcher != "torchrun":
-        raise UsageError("--external runs one torch.distributed backend (launched by torchrun otherwise: ddp, "
-                         "ddp_amp_syncbn, fsdp2, ds_zero1/2/3, ddp_zero, allreduce_manual) at the world size the "
-                         f"engine set; got {', '.join(f'{c.backend} x{c.world_size}' for c in configs)}")
+        torchrun = ", ".join(n for n in backends.names() if backends.REGISTRY[n]["launcher"] == "torchrun")
+        raise UsageError(f"--external runs one torch.distributed backend (launched by torchrun otherwise: {torchrun}) "
+                         "at the world size the engine set; got "
+                         f"{', '.join(f'{c.backend} x{c.world_size}' for c in configs)}")
     cfg = configs[0]
     os.environ.setdefault("LOCAL_RANK", "0")  # external_world (called by plan) exported the engine's values
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
