@@ -159,7 +159,7 @@ def test_one_line_per_kind_with_counts_ranges_and_what_to_do():
         "⚠ negative loss component: 1 configuration: scaling-loss or exposed shares of -198 to -184% (limit -5%), not "
         "shown; re-run with `--wait-quiet`",
         "⚠ same computation apart: 2 backends at world size 1: 0.04-1.58x single's throughput (limit 1.25x either "
-        "way); re-run both with `--repeat 3 --wait-quiet`"]
+        "way); re-run both with `--repeat 3 --wait-quiet`; `--trace` says where the time goes"]
     assert trust.by_kind([], 10) == []
 
 

@@ -45,7 +45,50 @@ def test_phases_per_step_are_the_sums_of_their_ranges_inside_each_step():
     assert got["timeline"] == {"start_us": 20_000, "ms": 12.0, "comm": [[3.5, 2.0]], "ranges": [
         ["data", 0.1, 0.9], ["forward", 1.0, 2.0], ["backward", 3.0, 6.0], ["optimizer", 9.0, 2.5]]}
     assert traces.phase_times({"traceEvents": []}) == {"steps": 0, "step_ms": [], "phase_ms": {"other": []},
-                                                       "timeline": None}
+                                                       "library_ms": {}, "timeline": None}
+    assert got["library_ms"] == {}  # the harness's own ranges only, and a cpu_op is no range
+
+
+LIBRARY = {"traceEvents": TRACE["traceEvents"] + [
+    event("FSDP::pre_forward (layer1.0)", 600, 300), event("FSDP::pre_forward (layer1.1)", 1_000, 200),
+    event("FSDP::pre_forward (layer1.0)", 21_000, 400),
+    event("FSDP::backward_prefetch for layer4.1", 4_000, 100),
+    event("FSDP::post_backward_reduce (layer4.1)", 9_500, 1_000),  # straddles step 1's end: its 500 us inside count
+    event("Optimizer.step#SGD.step", 29_100, 2_000),
+    event("FSDP::pre_forward (layer1.0)", 15_000, 700),  # between the steps: not counted
+    event("FSDP::pre_forward (layer1.0)", 600, 300, cat="gpu_user_annotation"),  # the GPU's copy: not counted
+    event("ProfilerStep#3", 0, 10_000),
+]}
+
+
+def test_the_libraries_own_ranges_are_summed_per_step_one_name_per_kind():
+    got = traces.phase_times(LIBRARY)
+    assert got["library_ms"] == {"Optimizer.step#SGD.step": [0.0, 2.0], "FSDP::pre_forward": [0.5, 0.4],
+                                 "FSDP::post_backward_reduce": [0.5, 0.0], "FSDP::backward_prefetch": [0.1, 0.0],
+                                 "ProfilerStep#3": [10.0, 0.0]}
+    assert list(got["library_ms"]) == ["ProfilerStep#3", "Optimizer.step#SGD.step", "FSDP::pre_forward",
+                                       "FSDP::post_backward_reduce", "FSDP::backward_prefetch"]  # largest first
+    # another script's step range (bench trace --step 'ProfilerStep*') is its own, not a library's
+    assert "ProfilerStep#3" not in traces.phase_times(LIBRARY, step="ProfilerStep*")["library_ms"]
+    many = {"traceEvents": [event("bench step", 0, 1_000)] + [event(f"lib::r{i}", 0, 10 + i) for i in range(20)]}
+    kept = traces.phase_times(many)["library_ms"]
+    assert list(kept) == [f"lib::r{i}" for i in range(19, 19 - traces.LIBRARY_RANGES_KEPT, -1)]
+    summary = traces.summarise([got, {**got, "library_ms": {}}])
+    assert summary["library_ms_per_step"] == [{"Optimizer.step#SGD.step": 1.0, "FSDP::pre_forward": 0.45,
+                                               "FSDP::post_backward_reduce": 0.25, "FSDP::backward_prefetch": 0.05,
+                                               "ProfilerStep#3": 5.0}, {}]
+
+
+def test_the_report_line_names_rank_0_s_largest_library_ranges():
+    from bench.commands.report.timeline import library_line
+
+    trace = {"library_ms_per_step": [{"a": 1.0, "FSDP::post_backward_reduce": 7.35, "FSDP::pre_forward": 2.96,
+                                      "Optimizer.step#SGD.step": 7.67}, {"other rank": 99.0}]}
+    assert library_line(trace, shown=3) == [
+        "Inside the phases, the libraries' own ranges on rank 0, ms per traced step (inclusive: one inside another "
+        "counts in both; the module each is for left out): `Optimizer.step#SGD.step` 7.7, "
+        "`FSDP::post_backward_reduce` 7.3, `FSDP::pre_forward` 3.0 and 1 more.", ""]
+    assert library_line({"library_ms_per_step": [{}]}) == library_line({}) == []  # older records have none
 
 
 def test_ranks_are_summarised_per_step_and_the_slowest_is_named():
@@ -144,6 +187,8 @@ def test_a_traced_ddp_run_writes_one_chrome_trace_per_rank_with_every_phase(ddp_
         assert set(phases) == {"data", "forward", "backward", "optimizer", "other"}
         assert phases["backward"] > 0 and phases["forward"] > 0 and phases["other"] >= 0
     assert len(trace["step_ms"]) == 2 and all(len(s) == 2 for s in trace["step_ms"])
+    for ranges in trace["library_ms_per_step"]:  # torch's own ranges inside the step, beside the harness's phases
+        assert ranges["Optimizer.step#SGD.step"] > 0 and not set(ranges) & {"bench step", *traces.PHASES}
     assert trace["slowest_rank_per_step"] in ([0, 0], [0, 1], [1, 0], [1, 1])
     assert trace["profiled_seconds"] > 0 and trace["export_seconds"] > 0
     assert "trace, rank 0, ms per step over 2 step(s): data " in ddp_with_and_without["traced_stdout"]
@@ -234,6 +279,7 @@ def test_bench_trace_reads_a_trace_of_another_script_by_its_step_and_phase_names
     assert done.value.code == 0 and out.startswith("2 step(s) in every file; mean ms per step:\n\n| file | fwd | bwd | "
                                                    "other | step |\n|---|---:|---:|---:|---:|\n")
     assert out.count(f"| {mine} | ") == 2 and "slowest file per step: 0, 0 (0 = the first file)" in out
+    assert "the libraries' own ranges" not in out  # the script marks none; its ProfilerStep#N ranges are its steps
     with pytest.raises(SystemExit):
         cli.main(["trace", str(mine), "--step", "ProfilerStep*", "--phases", "fwd,bwd", "--format", "json"])
     got = json.loads(capsys.readouterr().out)

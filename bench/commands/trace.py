@@ -58,6 +58,14 @@ def cmd_trace(args) -> int:
             for name, p, s in zip(args.files, summary["phase_ms_per_step"], summary["step_ms"])]
     print(f"{summary['steps']} step(s) in every file; mean ms per step:\n")
     print(md_table(["file", *columns, "step"], rows, set(range(1, len(columns) + 2))))
+    libraries = sorted({k for r in summary["library_ms_per_step"] for k in r},
+                       key=lambda k: -max(r.get(k, 0.0) for r in summary["library_ms_per_step"]))
+    if libraries:
+        print("\nthe libraries' own ranges inside the steps, mean ms per step (inclusive: one inside another counts in "
+              "both):\n")
+        print(md_table(["range", *args.files], [[k, *[f"{r[k]:.2f}" if k in r else "-"
+                                                     for r in summary["library_ms_per_step"]]] for k in libraries],
+                       set(range(1, len(args.files) + 1))))
     if len(args.files) > 1:
         print(f"\nslowest file per step: {', '.join(str(k) for k in summary['slowest_rank_per_step'])} "
               "(0 = the first file)")

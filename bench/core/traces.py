@@ -4,13 +4,16 @@
 summarise their own trace with it, and reports re-read traces with it.
 
 Per step, a phase's time is the sum of its ranges inside that step; ``other`` is the step's time outside every phase
-(zero_grad, the loop itself). Times are milliseconds of wall time on the rank's main thread: on a GPU the ranges
+(zero_grad, the loop itself). The libraries' own ranges inside the steps (FSDP2's ``FSDP::pre_forward (layer1.0)``,
+torch's ``Optimizer.step#SGD.step``, ...) are summed the same way, one name per kind: they say where a backend's extra
+time goes inside a phase. Times are milliseconds of wall time on the rank's main thread: on a GPU the ranges
 mark when the host issued the work, not when the kernels ran.
 """
 from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 from bench.core.text import md_table
@@ -18,6 +21,8 @@ from bench.core.text import md_table
 STEP = "bench step"  # the range around each traced step
 PHASES = ("data", "forward", "backward", "all-reduce", "optimizer")  # the same names as backends.base.PHASES
 RANGE_CATEGORIES = ("user_annotation",)  # host-side record_function ranges (the GPU copies: gpu_user_annotation)
+LIBRARY_RANGES_KEPT = 12  # the libraries' largest range kinds a rank's summary keeps (FSDP2 has about 10)
+_FOR_WHAT = re.compile(r" \([^()]*\)$| for \S+$")  # "FSDP::pre_forward (layer1.0)", "... for layer4.1": the module
 DEFAULT_STEPS = 3  # bench run --trace with no number
 MAX_STEPS = 20  # a trace is for reading a step, not for statistics; each ResNet step adds thousands of events
 
@@ -39,9 +44,10 @@ def _ranges(trace: dict, name: str) -> list[tuple[float, float]]:
 
 
 def phase_times(trace: dict, step: str = STEP, phases: tuple = PHASES) -> dict:
-    """``{"steps": n, "step_ms": [...], "phase_ms": {phase: [ms per step]}, "timeline": ...}`` from one rank's trace
-    (phases with no range in any step are left out; ``other`` is always there; ``timeline``: the last step's ranges).
-    ``step`` and ``phases`` name other ranges, for a trace of another training script (``bench trace``)."""
+    """``{"steps": n, "step_ms": [...], "phase_ms": {phase: [ms per step]}, "library_ms": {range: [ms per step]},
+    "timeline": ...}`` from one rank's trace (phases with no range in any step are left out; ``other`` is always there;
+    ``library_ms``: library_ranges; ``timeline``: the last step's ranges). ``step`` and ``phases`` name other ranges,
+    for a trace of another training script (``bench trace``)."""
     steps = _ranges(trace, step)
     found = {p: _ranges(trace, p) for p in phases}
     step_ms = [(end - start) / 1e3 for start, end in steps]
@@ -51,7 +57,28 @@ def phase_times(trace: dict, step: str = STEP, phases: tuple = PHASES) -> dict:
             per_phase[p] = [sum(min(e, end) - max(s, start) for s, e in ranges if s < end and e > start) / 1e3
                             for start, end in steps]
     per_phase["other"] = [total - sum(v[i] for v in per_phase.values()) for i, total in enumerate(step_ms)]
-    return {"steps": len(steps), "step_ms": step_ms, "phase_ms": per_phase, "timeline": timeline(trace, step, phases)}
+    return {"steps": len(steps), "step_ms": step_ms, "phase_ms": per_phase,
+            "library_ms": library_ranges(trace, steps, {step, *phases}), "timeline": timeline(trace, step, phases)}
+
+
+def library_ranges(trace: dict, steps: list[tuple[float, float]], own: set) -> dict:
+    """The host ranges inside the steps that are not ``own`` (the step's and the phases' names, ``NAME*`` as in
+    _ranges): the libraries' own record_function ranges, one name per kind (the module a range is for dropped: FSDP2
+    marks every block), as ms per step, the LIBRARY_RANGES_KEPT largest. Inclusive: a range inside another counts in
+    both."""
+    prefixes = tuple(name[:-1] for name in own if name.endswith("*"))  # ProfilerStep*: every ProfilerStep#N
+    out: dict[str, list[float]] = {}
+    for e in trace.get("traceEvents", ()):
+        if (e.get("ph") != "X" or e.get("cat") not in RANGE_CATEGORIES or e.get("name") in own
+                or (prefixes and str(e.get("name", "")).startswith(prefixes))):
+            continue
+        s, t = e["ts"], e["ts"] + e["dur"]
+        row = out.setdefault(_FOR_WHAT.sub("", str(e.get("name", ""))), [0.0] * len(steps))
+        for i, (start, end) in enumerate(steps):
+            if s < end and t > start:
+                row[i] += (min(t, end) - max(s, start)) / 1e3
+    largest = sorted((k for k, v in out.items() if any(v)), key=lambda k: -sum(out[k]))[:LIBRARY_RANGES_KEPT]
+    return {k: out[k] for k in largest}
 
 
 def is_communication_kernel(name: str) -> bool:
@@ -84,6 +111,8 @@ def summarise(per_rank: list[dict]) -> dict:
         "steps": steps,
         "phase_ms_per_step": [{p: sum(v[:steps]) / steps for p, v in r["phase_ms"].items()} if steps else {}
                               for r in per_rank],
+        "library_ms_per_step": [{k: sum(v[:steps]) / steps for k, v in (r.get("library_ms") or {}).items()}
+                                if steps else {} for r in per_rank],
         "step_ms": [r["step_ms"][:steps] for r in per_rank],
         "slowest_rank_per_step": [max(range(len(per_rank)), key=lambda k: per_rank[k]["step_ms"][i])
                                   for i in range(steps)],

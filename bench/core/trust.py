@@ -86,7 +86,8 @@ SUMMARY = {
     LOSS: ("{n} configuration{s}", f"scaling-loss or exposed shares of {{range}}% (limit {100 * LOSS_MIN:.0f}%), not "
            "shown", "re-run with `--wait-quiet`"),
     SAME_COMPUTATION: ("{n} backend{s} at world size 1", f"{{range}}x single's throughput (limit "
-                       f"{SAME_COMPUTATION_RATIO:g}x either way)", "re-run both with `--repeat 3 --wait-quiet`"),
+                       f"{SAME_COMPUTATION_RATIO:g}x either way)", "re-run both with `--repeat 3 --wait-quiet`; `--trace` "
+                       "says where the time goes"),
     FIRST_WINDOW: ("{n} configuration{s}", f"first timed window {{range}}x the others (limit {FIRST_WINDOW_RATIO:g}x)",
                    "raise `--warmup`"),
 }

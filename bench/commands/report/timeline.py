@@ -44,6 +44,7 @@ def section(rows: list[dict], out: Path) -> list[str]:
         md += [f"### {title}", "", f"{trace['steps']} traced step(s); slowest rank per step: "
                f"{', '.join(map(str, trace['slowest_rank_per_step'])) or '-'}.", "",
                md_table(["rank", *present, "step"], table, set(range(1, len(present) + 2))), ""]
+        md += library_line(trace)
         stem = out / "plots" / slug("timeline", rec["run_id"], hw=str(row.get("hardware")))
         if draw(trace.get("timeline") or [], rec.get("hosts"), stem, title):
             md += [f"![timeline](plots/{stem.name}.png)", ""]
@@ -57,6 +58,17 @@ def section(rows: list[dict], out: Path) -> list[str]:
                f"{', '.join(links) or 'none kept'}" + "".join(f"; {reason}" for reason in trace.get("reasons") or []),
                ""]
     return md
+
+
+def library_line(trace: dict, shown: int = 6) -> list[str]:
+    """Where the time goes inside the phases: rank 0's library ranges (traces.library_ranges), largest first."""
+    ranges = (trace.get("library_ms_per_step") or [{}])[0]
+    if not ranges:
+        return []
+    top = sorted(ranges.items(), key=lambda kv: -kv[1])[:shown]
+    return ["Inside the phases, the libraries' own ranges on rank 0, ms per traced step (inclusive: one inside "
+            f"another counts in both; the module each is for left out): {', '.join(f'`{k}` {_ms(v)}' for k, v in top)}"
+            f"{f' and {len(ranges) - shown} more' if len(ranges) > shown else ''}.", ""]
 
 
 AGREE = 0.25  # within 25% (or 0.5 ms): "agree"
