@@ -105,15 +105,16 @@ def test_the_record_says_none_where_nothing_was_measured():
 
 
 def test_the_record_gathers_every_rank_s_trace_and_a_profiler_seen_in_any_window():
-    def traced(rank, size, profiled, exported, forward, step_ms, reason=None, gpu=None, analysed=None):
+    def traced(rank, size, profiled, exported, forward, step_ms, reason=None, gpu=None, analysed=None, library=None):
         return {"file": None if reason else f"/l/r.rank{rank}.trace.json.gz", "bytes": size, "steps": 2,
                 "profiled_seconds": profiled, "export_seconds": exported, "reason": reason, "gpu": gpu,
                 "analysis_seconds": analysed,
-                "phase_times": {"steps": 2, "step_ms": step_ms, "timeline": {"start_us": rank},
+                "phase_times": {"steps": 2, "step_ms": step_ms, "timeline": {"start_us": rank}, "library_ms": library,
                                 "phase_ms": {"forward": forward, "other": [a - b for a, b in zip(step_ms, forward)]}}}
 
     rec = build([rank_measures(0, trace=traced(0, 10, 1.0, 0.5, [1.0, 3.0], [1.5, 3.5], gpu={"overlap_pct": 50.0},
-                                               analysed=0.25), profiler_in_windows=False),
+                                               analysed=0.25, library={"FSDP::pre_forward": [0.5, 1.5]}),
+                               profiler_in_windows=False),
                  rank_measures(1, trace=traced(1, 20, 0.5, 0.75, [2.0, 1.0], [2.0, 1.0], reason="over the cap"),
                                profiler_in_windows=True)])
     assert rec["profiler_in_windows"] is True  # one rank is enough
@@ -122,6 +123,7 @@ def test_the_record_gathers_every_rank_s_trace_and_a_profiler_seen_in_any_window
         "export_seconds": 0.75, "analysis_seconds": 0.25, "gpu": [{"overlap_pct": 50.0}, None],
         "reasons": ["over the cap"], "steps": 2, "step_ms": [[1.5, 3.5], [2.0, 1.0]],
         "phase_ms_per_step": [{"forward": 2.0, "other": 0.5}, {"forward": 1.5, "other": 0.0}],
+        "library_ms_per_step": [{"FSDP::pre_forward": 1.0}, {}],
         "slowest_rank_per_step": [1, 0], "timeline": [{"start_us": 0}, {"start_us": 1}]}
 
 
