@@ -11,6 +11,8 @@ import contextlib
 import importlib
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ import torch
 
 from bench.core import reference, results, stats
 from bench.core.config import RunConfig
-from tests.conftest import REPO, bench_inproc, cli_error, records
+from tests.conftest import REPO, cli_error, records
 
 TWIN_IMPORTS = {"json", "sys", "time", "torch", "torch.nn.functional", "torchvision", "backends.models.gpt",
                 "bench.twins"}  # bench.twins: loop.py, the step and windows both twins share
@@ -258,57 +260,107 @@ def test_reference_is_refused_where_nothing_is_timed(capsys):
 
 # -- a real sweep on the CPU -------------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def a_core_of_its_own():
-    """The sweep's processes at SCHED_FIFO on one core (both inherited by every process it starts), then back.
+SWEEP_TIMEOUT_S = 420  # a guard against a hang only: the sweep takes about 40 s on a calm 2-core VM
+
+
+def _real_time_on_one_core(cpu: int) -> None:
+    """In the sweep's process, before exec: SCHED_RR at priority 1, pinned to ``cpu``; every process it starts
+    inherits both."""
+    os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+    os.sched_setaffinity(0, {cpu})
+
+
+def _release(pid: int) -> None:
+    """Every thread of ``pid`` and of its descendants back to time-sharing on every CPU, then killed."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        for t in os.listdir(f"/proc/{p.pid}/task") if os.path.isdir(f"/proc/{p.pid}/task") else ():
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(int(t), os.SCHED_OTHER, os.sched_param(0))
+                os.sched_setaffinity(int(t), os.sched_getaffinity(0))
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
+def _sweep(tmp):
+    """single and dp (each step 5% slower: BENCH_FAULT dp/slow) beside their twin, 3 interleaved repetitions; gpt-tiny
+    at 1 thread (~0.2 s of CPU per window); ``python -m bench run`` in a process of its own at real-time priority on
+    one core (SCHED_RR), which every run and twin inherits.
 
     Why: CPU time is what the overhead reads on CPUs, and on this shared 2-core VM (load average 7 to 9 from other
     suites) the CPU time of one unchanged run moved by 5-8% from one process to the next under time-sharing: the
     cache refills after every preemption (about one every 5 ms) are counted as the run's CPU time. A 5% delay cannot be
-    told from that with a few runs. At SCHED_FIFO on one core nothing preempts the run, and the same runs agreed
-    within 1-2%. Without the permission (not root, RLIMIT_RTPRIO 0) the test is skipped with that reason."""
-    cpus = os.sched_getaffinity(0)
+    told from that with a few runs. At real-time priority on one core no other process preempts the run, and the same
+    runs agreed within 1-2%. SCHED_RR, not SCHED_FIFO: at FIFO two threads of one process on one core can wait on each
+    other for ever (the harness once spun in the kernel for 25 minutes, unkillable by SIGKILL, while its other thread, which it
+    waited for, never ran); RR gives each its turn. Without the permission (not root, RLIMIT_RTPRIO 0) the test is
+    skipped with that reason; past SWEEP_TIMEOUT_S the tree is put back to time-sharing and killed, and the test
+    fails saying so."""
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except (PermissionError, OSError) as e:
-        pytest.skip(f"needs SCHED_FIFO for its runs (a core without preemption: under time-sharing with other load "
-                    f"CPU time moves by 5-8% from run to run, more than the 5% this test must see): {e}")
-    os.sched_setaffinity(0, {max(cpus)})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, cpus)
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (PermissionError, OSError) as e:
+        pytest.skip(f"needs SCHED_RR for its runs (a core without preemption: under time-sharing with other load "
+                    f"CPU time moves by 5-8% from run to run, more than the 5% this test must see): {e}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
+    env.update(BENCH_FAULT="dp/slow@rank0", BENCH_PEAK_CACHE=str(tmp / "peak"), OMP_WAIT_POLICY="PASSIVE")
+    args = ["run", "--backends", "single,dp", "--gpus", "1", "--device", "cpu", "--model", "gpt-tiny", "--seq-len",
+            "64", "--batch-size", "4", "--warmup", "2", "--steps", "2", "--windows", "5", "--repeat", "3",
+            "--reference", "--results", str(tmp / "raw")]
+    cpu = max(os.sched_getaffinity(0))
+    with subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, preexec_fn=lambda: _real_time_on_one_core(cpu)) as p:
+        try:
+            out, err = p.communicate(timeout=SWEEP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _release(p.pid)
+            out, err = p.communicate()
+            pytest.fail(f"the sweep at SCHED_RR on one core did not end in {SWEEP_TIMEOUT_S} s; put back to "
+                        f"time-sharing and killed\n{out[-2000:]}\n{err[-2000:]}")
+    proc = subprocess.CompletedProcess(["bench", *args], p.returncode, out, err)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return tmp, proc
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """single and dp (each step 5% slower: BENCH_FAULT dp/slow) beside their twin, 3 interleaved repetitions; gpt-tiny
-    at 1 thread (~0.2 s of CPU per window)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    with a_core_of_its_own():
-        proc = bench_inproc("run", "--backends", "single,dp", "--gpus", 1, "--device", "cpu", "--model", "gpt-tiny",
-                            "--seq-len", 64, "--batch-size", 4, "--warmup", 2, "--steps", 2, "--windows", 5,
-                            "--repeat", 3, "--reference", "--results", tmp / "raw",
-                            env={"BENCH_FAULT": "dp/slow@rank0", "BENCH_PEAK_CACHE": tmp / "peak",
-                                 "OMP_WAIT_POLICY": "PASSIVE"})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return tmp, proc
+    return _sweep(tmp_path_factory.mktemp("reference"))
 
 
 @pytest.mark.slow
 def test_a_five_percent_delay_is_seen_and_single_reads_about_zero(sweep):
     """The tolerance: single within 4% of its twin, dp (5% more CPU time per step: 1 - 1/1.05 = 4.8%) 2 to 12 points
-    above single. Three sweeps at SCHED_FIFO beside load average 7-9 read single -0.9, -1.8, -2.5% and dp - single
-    +9.5, +5.5, +5.8 points; each configuration's figure is the median of 3 runs against the median of 3 twins."""
+    above single. Three sweeps at SCHED_FIFO (now SCHED_RR) beside load average 7-9 read single -0.9, -1.8, -2.5% and dp - single
+    +9.5, +5.5, +5.8 points; each configuration's figure is the median of 3 runs against the median of 3 twins.
+
+    single is the control: a sweep whose single misses its 4% was disturbed beyond what a core of its own prevents
+    (in the full suite the other test worker runs on this VM's other vCPU, which can share the physical core: one
+    sweep in three read single +7.0% and dp +4.4%), so one more sweep is taken, at most two more, and the delay is
+    judged on the first sweep whose control holds. A broken delay still fails: its control holds and dp reads
+    single's figure."""
     from bench.commands.report.summary import summarise, usable_records
 
     tmp, proc = sweep
-    rows = {r["backend"]: r for r in summarise(usable_records(tmp / "raw", print)).to_dict("records")}
-    single, dp = rows["single"]["harness_overhead_pct"], rows["dp"]["harness_overhead_pct"]
-    assert rows["single"]["overhead_timing"] == "CPU time" and rows["single"]["twin_runs"] == 3
-    assert abs(single) <= 4.0, (single, dp)
-    assert 2.0 <= dp - single <= 12.0, (single, dp)
+    seen = []
+    for attempt in range(3):
+        if attempt:
+            tmp, proc = _sweep(tmp / f"again{attempt}")
+        rows = {r["backend"]: r for r in summarise(usable_records(tmp / "raw", print)).to_dict("records")}
+        single, dp = rows["single"]["harness_overhead_pct"], rows["dp"]["harness_overhead_pct"]
+        assert rows["single"]["overhead_timing"] == "CPU time" and rows["single"]["twin_runs"] == 3
+        seen.append((round(single, 1), round(dp, 1)))
+        if abs(single) <= 4.0:
+            break
+    assert abs(single) <= 4.0, f"single's overhead missed 4% in every sweep (single, dp): {seen}"
+    assert 2.0 <= dp - single <= 12.0, f"the 5% delay was not seen (single, dp) per sweep: {seen}"
     assert "Harness vs its plain twin (1 - harness / twin; > 0: the harness is slower):" in proc.stdout
 
 
