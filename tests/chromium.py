@@ -23,6 +23,20 @@ def find() -> str | None:
     return BINARY if os.access(BINARY, os.X_OK) else shutil.which("chromium")
 
 
+def browser_or_skip(**size) -> "Browser":
+    """A started Browser (``size``: width, height), or the calling test skipped naming what is missing: failed
+    instead under BENCH_REQUIRE_CHROMIUM=1 (.ci/run), where the browser test must run."""
+    import pytest
+
+    binary = find()
+    if binary is None:
+        why = "chromium not found at /usr/bin/chromium (apt-get install chromium)"
+        if os.environ.get("BENCH_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(f"{why}, and BENCH_REQUIRE_CHROMIUM=1")
+        pytest.skip(why)
+    return Browser(binary, **size)
+
+
 class Browser:
     def __init__(self, binary: str, width: int = 1400, height: int = 3000):
         self.profile = tempfile.mkdtemp(prefix="bench-chromium-")

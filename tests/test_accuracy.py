@@ -280,15 +280,8 @@ DOM = """JSON.stringify({
 
 
 def test_the_section_in_headless_chromium(made_report):
-    binary = chromium.find()
-    if binary is None:
-        import os
-
-        if os.environ.get("BENCH_REQUIRE_CHROMIUM") == "1":
-            pytest.fail("chromium not found at /usr/bin/chromium, and BENCH_REQUIRE_CHROMIUM=1")
-        pytest.skip("chromium not found at /usr/bin/chromium (apt-get install chromium)")
     out, md = made_report
-    browser = chromium.Browser(binary)
+    browser = chromium.browser_or_skip()
     try:
         got = browser.load((out / "REPORT.html").as_uri(), DOM)
     finally:

@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 
 import pandas as pd
 import pytest
@@ -308,13 +307,7 @@ FIRST_SCREEN = """JSON.stringify((() => {
 
 @pytest.fixture(scope="module")
 def viewport():
-    binary = chromium.find()
-    if binary is None:
-        why = "chromium not found at /usr/bin/chromium (apt-get install chromium)"
-        if os.environ.get("BENCH_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(f"{why}, and BENCH_REQUIRE_CHROMIUM=1")
-        pytest.skip(why)
-    b = chromium.Browser(binary, width=1280, height=800)  # a laptop's browser window
+    b = chromium.browser_or_skip(width=1280, height=800)  # a laptop's browser window
     yield b
     b.close()
 

@@ -2,7 +2,6 @@
 (headless Chromium over the DevTools protocol): no console errors, no request leaves the page, the verdict and
 every plot are in the DOM, the screenshot is not blank. A control page proves the checks can fail."""
 import io
-import os
 import re
 from pathlib import Path
 
@@ -92,13 +91,7 @@ DOM = """JSON.stringify({
 
 @pytest.fixture(scope="module")
 def browser():
-    binary = chromium.find()
-    if binary is None:
-        why = "chromium not found at /usr/bin/chromium (apt-get install chromium)"
-        if os.environ.get("BENCH_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(f"{why}, and BENCH_REQUIRE_CHROMIUM=1")
-        pytest.skip(why)
-    b = chromium.Browser(binary)
+    b = chromium.browser_or_skip()
     yield b
     b.close()
 
