@@ -154,7 +154,7 @@ def run_gpus(device_type: str, gpus_on_node: int) -> list[int]:
     process sees them (CUDA_VISIBLE_DEVICES honoured)."""
     if device_type != "cuda" or gpus_on_node < 1:
         return []
-    from bench.core.results import _visible_nvml_indices
+    from bench.core.environment import _visible_nvml_indices
 
     try:
         import pynvml
