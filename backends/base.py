@@ -10,6 +10,7 @@ import contextlib
 import torch
 
 from backends import models
+from bench.core import cuda
 from bench.core.config import MIN_WARMUP
 from bench.core.knobs import Knob, flag_of
 
@@ -406,6 +407,6 @@ def make_optimizer(cfg, params, cls=None):
 
 def device_for(cfg, local_index: int) -> torch.device:
     if cfg.device_type == "cuda":
-        torch.cuda.set_device(local_index)
+        cuda.set_device(local_index)
         return torch.device("cuda", local_index)
     return torch.device("cpu")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 import pytest
-import torch
 
 from bench import cli
 from bench.commands import _nodes as multinode
 from bench.commands._plan import world_sizes
 from bench.core.errors import UsageError
+from tests.fake_gpu import FakeGpu, FakeGpuMachine
 
 ENGINE_VARS = [v for rank, sizes in multinode.LOCAL_ENV for v in (rank, *sizes)] + ["SLURM_NODEID"]
 
@@ -26,8 +26,7 @@ def gpus(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29500")
 
     def fake(n):
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        FakeGpuMachine([FakeGpu() for _ in range(n)]).install(monkeypatch)
     return fake
 
 
@@ -156,9 +155,7 @@ def test_baseline_name_from_records_keys_on_model_and_world_size():
 
 @pytest.fixture
 def six_h100(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 6)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: H100)
+    FakeGpuMachine([FakeGpu(H100) for _ in range(6)]).install(monkeypatch)
 
 
 def name(capsys, *argv):

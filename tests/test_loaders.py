@@ -14,6 +14,7 @@ from bench.core import results
 from bench.rank import data, folders, loaders
 from bench.rank.loaders import tv
 from tests.conftest import bench_inproc, cli_error, records, skip_without
+from tests.fake_gpu import FakeGpuMachine
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
 EMPTY, LINKED = "n09999999", "n05555555"
@@ -492,8 +493,10 @@ def test_bench_loader_rank_sets_its_gpu_before_building_the_loader(monkeypatch):
         def __next__(self):
             return None
 
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    from bench.core import cuda
+
+    FakeGpuMachine().install(monkeypatch)
+    monkeypatch.setattr(cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
     monkeypatch.setattr(loaders, "build", lambda *a, **kw: calls.append(("build", str(kw["device"]))))
     monkeypatch.setattr(data, "TimedBatches", Timed)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)

@@ -2,8 +2,8 @@
 judgement and its thresholds (bench/core/trust.py), and the warnings where the numbers are shown: the console after
 `bench run`, REPORT.md / REPORT.html / the report's console, the verdict, and the gate (exit 3: inconclusive).
 
-Records are built in process (fast): each warning has a case that triggers it and plain records trigger none. NVML
-is faked (this machine has no GPU): the GPU half of the sampler runs against a fake ``pynvml`` module. One slow test
+Records are built in process (fast): each warning has a case that triggers it and plain records trigger none. The GPU
+half of the sampler runs against the fake GPU machine (tests/fake_gpu.py: this machine has none). One slow test
 runs a real tiny run beside a (simulated) neighbour, end to end.
 """
 import argparse
@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import pytest
 
@@ -22,6 +21,7 @@ from bench.commands import _summary, compare, report
 from bench.core import results, trust
 from bench.launch import machine
 from tests.conftest import TINY, bench_inproc, records
+from tests.fake_gpu import FakeGpu, FakeGpuMachine
 from tests.test_compare import gate, pair
 from tests.test_compare import runs as gate_runs
 from tests.test_report import make, write
@@ -229,41 +229,16 @@ def test_cpu_busy_counts_only_the_run_s_cpus_and_steal(tmp_path):
     assert machine.cpu_busy_seconds({0}, str(tmp_path / "none")) is None
 
 
-class FakeNVML(types.ModuleType):
-    """The pynvml calls the sampler makes, with a script: GPU 0 holds a stranger's pid and, from the second sample
-    on, a thermal slowdown."""
-    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
-
-    def __init__(self):
-        super().__init__("pynvml")
-        self.calls = 0
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        return [types.SimpleNamespace(pid=os.getpid())] + ([types.SimpleNamespace(pid=1)] if h == 0 else [])
-
-    def nvmlDeviceGetClockInfo(self, h, which):
-        return 1980 if which == self.NVML_CLOCK_SM else 2619
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        self.calls += 1
-        return 0x40 if h == 0 and self.calls > 2 else 0x4
+def scripted_machine() -> FakeGpuMachine:
+    """Two GPUs: GPU 0 holds a stranger's pid (1) and, from the third clock-event read on, a thermal slowdown; both
+    report the power cap (0x4) all along."""
+    return FakeGpuMachine([FakeGpu(pids=[1], reasons=lambda n: 0x40 | 0x4 if n > 2 else 0x4),
+                           FakeGpu(reasons=0x4)])
 
 
 @pytest.mark.mutation
 def test_the_gpu_sampler_against_a_fake_nvml_and_the_record_it_rewrites(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
+    scripted_machine().install(monkeypatch)
     rec = make("ddp", 2, 190.0)
     with machine.Watch("cuda", [0, 1], interval=0.05) as watch:
         t0 = time.time()
@@ -282,19 +257,41 @@ def test_the_gpu_sampler_against_a_fake_nvml_and_the_record_it_rewrites(tmp_path
         "another process held GPU 0 during the windows (pid 1)",
         "GPU 0 was throttled during the windows (hw_thermal_slowdown)"]
     assert on_disk["machine"]["nvml"] == "ok" and on_disk["machine"]["span_source"] == "windows"
+    assert on_disk["machine"]["nvml_unsupported"] == {} and on_disk["machine"]["sampler_error"] is None
     assert not list(tmp_path.glob(".tmp-*"))  # replaced whole, nothing left beside it
 
 
 @pytest.mark.mutation
 def test_without_nvml_the_gpu_half_says_why_and_measures_the_rest(monkeypatch):
-    broken = types.ModuleType("pynvml")
-    broken.nvmlInit = lambda: (_ for _ in ()).throw(OSError("libnvidia-ml.so.1: cannot open shared object file"))
-    monkeypatch.setitem(sys.modules, "pynvml", broken)
+    FakeGpuMachine(nvml="missing").install(monkeypatch)
     with machine.Watch("cuda", [0], interval=0.05) as watch:
         time.sleep(0.1)
     m = watch.summary()
-    assert m["gpus"] == [] and m["nvml"].startswith("NVML unavailable: OSError: libnvidia-ml.so.1")
+    assert m["gpus"] == [] and m["nvml"] == "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
     assert m["windows"]["others_cpu_share"] >= 0 and m["load_before"] and m["samples"] >= 2
+
+
+@pytest.mark.mutation
+def test_a_query_one_gpu_does_not_support_is_none_with_its_reason_and_the_others_are_read(monkeypatch):
+    FakeGpuMachine(nvml="nvmlDeviceGetClockInfo").install(monkeypatch)
+    with machine.Watch("cuda", [0, 1], interval=0.05) as watch:
+        time.sleep(0.1)
+    m = watch.summary()
+    assert m["nvml"] == "ok" and m["sampler_errors"] == 0
+    assert m["nvml_unsupported"] == {"sm_mhz": "NVML sm clock: NVMLError_NotSupported: Not Supported",
+                                     "mem_mhz": "NVML mem clock: NVMLError_NotSupported: Not Supported"}
+    assert [g["start"]["sm_mhz"] for g in m["gpus"]] == [None, None] and m["gpus"][0]["throttled"] == ["gpu_idle"]
+
+
+def test_a_broken_sampler_says_why_in_the_record(monkeypatch):
+    """A mistake in the sampler's own code (not NVML's refusal) is counted and named, never a silent null."""
+    FakeGpuMachine().install(monkeypatch)
+    with machine.Watch("cuda", [0], interval=0.05) as watch:
+        monkeypatch.setattr(machine, "tree_cpu", lambda: (_ for _ in ()).throw(KeyError("ppid")))
+        time.sleep(0.2)
+        monkeypatch.undo()
+    m = watch.summary()
+    assert m["sampler_errors"] >= 1 and m["sampler_error"] == "KeyError: 'ppid'"
 
 
 def test_the_run_s_own_cpu_is_not_others_and_a_stranger_s_is(tmp_path):

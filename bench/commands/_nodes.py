@@ -130,6 +130,6 @@ def _node_gpus(args) -> int:
     """GPUs this process could pick from; 0 for a CPU run (its local rank picks no device)."""
     if getattr(args, "device", None) == "cpu":
         return 0
-    import torch
+    from bench.core import cuda
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return cuda.count() if cuda.available() else 0

@@ -81,11 +81,10 @@ def machine_hardware() -> tuple[str, str, int]:
     The GPU name comes from torch, as in the records' ``memory[].device_name`` that ``results.hardware``
     reads, so the name matches what ``bench run --device auto`` will record here.
     """
-    import torch
+    from bench.core import cuda
 
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0), "cuda", torch.cuda.device_count()
+    if cuda.available():
+        return cuda.name(0), "cuda", cuda.count()
     return f"CPU: {environment._cpu_model() or 'unknown'}", "cpu", usable_cpus()
 
 

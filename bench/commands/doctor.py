@@ -67,13 +67,14 @@ def require_cuda() -> int:
     """The number of GPUs, or a UsageError (one line, exit 2) naming why none is visible."""
     import torch
 
+    from bench.core import cuda
     from bench.core.errors import UsageError
 
-    if not torch.cuda.is_available():
+    if not cuda.available():
         raise UsageError(f"no CUDA device visible: torch.cuda.is_available() is False (torch {torch.__version__}, "
                          f"built for CUDA {torch.version.cuda or 'none: a CPU-only build'}); bench doctor checks a "
                          "GPU machine (a driver older than torch's CUDA also hides the GPUs)")
-    return torch.cuda.device_count()
+    return cuda.count()
 
 
 def run_argv(precision: str, gpus: int, backends: str, results: Path) -> list[str]:

@@ -17,14 +17,14 @@ def usable_cpus() -> int:
 
 def detect_device(requested: str) -> tuple[str, int]:
     """(device type, devices present): CUDA GPUs, or CPU cores for CPU workers."""
-    import torch
+    from bench.core import cuda
 
     if requested not in ("auto", "cuda", "cpu"):
         raise UsageError(f"unknown device {requested!r}; choose from auto, cuda, cpu")
-    has_cuda = torch.cuda.is_available()  # does not create a CUDA context in this process
+    has_cuda = cuda.available()  # does not create a CUDA context in this process
     if requested == "cuda" and not has_cuda:
         raise UsageError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
                          "use --device cpu or auto")
     if requested == "cuda" or (requested == "auto" and has_cuda):
-        return "cuda", torch.cuda.device_count()
+        return "cuda", cuda.count()
     return "cpu", usable_cpus()

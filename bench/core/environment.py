@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.core import cuda, nvml
 from bench.core.devices import usable_cpus
 from bench.core.results import REPO_ROOT, utc_now
 
@@ -27,34 +28,21 @@ def _run(cmd: list[str], timeout: float = 20) -> str | None:
 
 def nvml_gpus() -> dict:
     """Names of the GPUs this process can use (CUDA_VISIBLE_DEVICES honoured, in CUDA order), their count
-    and the driver, from NVML; or an ``error`` when NVML is absent."""
+    and the driver, from NVML; or an ``error`` saying why NVML could not answer (a CPU machine: no driver)."""
     try:
-        import pynvml
+        with nvml.open() as n:
+            names = [n.name(i) for i in visible_nvml_indices(n.count())]
+            return {"count": len(names), "names": names, "driver": n.driver()}
+    except nvml.Unavailable as e:
+        return {"error": str(e)}
 
-        pynvml.nvmlInit()
-    except Exception as e:  # no driver, no library: CPU machine
-        return {"error": f"NVML unavailable: {e}"}
+
+def visible_nvml_indices(total: int) -> list[int]:
+    """NVML indices of CUDA devices 0, 1, ... as this process sees them (CUDA_VISIBLE_DEVICES, by index or UUID),
+    read without creating a CUDA context; all ``total`` GPUs in NVML's order where torch cannot map them."""
     try:
-        n = pynvml.nvmlDeviceGetCount()
-        names = []
-        for i in _visible_nvml_indices(n):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else name)
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        return {"count": len(names), "names": names,
-                "driver": driver.decode() if isinstance(driver, bytes) else driver}
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _visible_nvml_indices(total: int) -> list[int]:
-    """NVML indices of CUDA devices 0, 1, ... as this process sees them. torch's mapping reads
-    CUDA_VISIBLE_DEVICES (indices or UUIDs) without creating a CUDA context."""
-    try:
-        import torch
-
-        return [torch.cuda._get_nvml_device_index(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # private helper missing in this torch, or an unusual CUDA_VISIBLE_DEVICES
+        return [cuda.nvml_index(i) for i in range(cuda.count())]
+    except RuntimeError:  # torch's own: an unusual CUDA_VISIBLE_DEVICES, or no private mapping in this torch
         return list(range(total))
 
 
@@ -70,13 +58,7 @@ def collect_env(backend_env: dict | None = None) -> dict:
     (backends.environment: Horovod's build)."""
     import torch
 
-    cuda = torch.version.cuda
-    nccl = None
-    if cuda and torch.distributed.is_nccl_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:
-            nccl = None
+    built = cuda.versions()
     gpus = nvml_gpus()
     topo = _run(["nvidia-smi", "topo", "-m"]) if gpus.get("count") else None
     env = {
@@ -87,10 +69,10 @@ def collect_env(backend_env: dict | None = None) -> dict:
         "torch_source": _torch_source(),
         "deepspeed": _version("deepspeed"),
         "dali": _version("nvidia-dali-cuda130") or _version("nvidia-dali-cuda120"),
-        "cuda": cuda,
-        "nccl": nccl,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "cuda_available": torch.cuda.is_available(),
+        "cuda": built["cuda"],
+        "nccl": built["nccl"],
+        "cudnn": built["cudnn"],
+        "cuda_available": cuda.available(),
         "gpu_count": gpus.get("count", 0),
         "gpu_names": gpus.get("names", []),
         "driver": gpus.get("driver"),

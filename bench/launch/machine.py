@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.core import trust
+from bench.core import cuda, environment, nvml, trust
 
 INTERVAL_S = 0.5
 PROBE_S = 1.0  # --wait-quiet: how long each look at the machine lasts
@@ -103,70 +103,56 @@ def tree_cpu(root: int | None = None) -> tuple[float, set[int]]:
 # NVML, guarded: without a driver (CPU machines) every call is skipped and the reason kept.
 
 class Gpus:
+    """NVML's view of the run's GPUs, sampled by the watch (bench/core/nvml.py); ``reason`` says why there is none.
+    A query one GPU does not support leaves that field None and its reason in ``unsupported``."""
+
+    QUERIES = ("pids", "sm_mhz", "mem_mhz", "reasons")
+
     def __init__(self, indices: list[int]):
-        self.indices, self.handles, self.reason = list(indices), [], None
+        self.indices, self.session, self.reason = list(indices), None, None
+        self.unsupported: dict[str, str] = {}
         if not self.indices:
             return
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
-        except Exception as e:  # noqa: BLE001 - no driver, no library, a GPU that went away
-            self.handles, self.reason = [], f"NVML unavailable: {type(e).__name__}: {e}"
+            self.session = nvml.open()
+        except nvml.Unavailable as e:  # no driver, no library
+            self.indices, self.reason = [], str(e)
 
     def sample(self) -> list[dict]:
         out = []
-        for index, h in zip(self.indices, self.handles):
+        n = self.session
+        if n is None:
+            return out
+        for index in self.indices:
             g = {"index": index}
-            for key, call in (("pids", self._pids), ("sm_mhz", self._clock("NVML_CLOCK_SM")),
-                              ("mem_mhz", self._clock("NVML_CLOCK_MEM")), ("reasons", self._reasons)):
+            for key, call in zip(self.QUERIES, (n.compute_pids, lambda i: n.clock_mhz(i, "sm"),
+                                                lambda i: n.clock_mhz(i, "mem"), n.clock_event_reasons)):
                 try:
-                    g[key] = call(h)
-                except Exception:  # noqa: BLE001 - one query unsupported on this GPU: keep the others
+                    g[key] = call(index)
+                except nvml.Unavailable as e:  # one query unsupported on this GPU: keep the others, and why
                     g[key] = None
+                    self.unsupported.setdefault(key, str(e))
             out.append(g)
         return out
 
-    def _pids(self, h) -> list[int]:
-        return [p.pid for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(h)]
-
-    def _clock(self, which: str):
-        return lambda h: self.nvml.nvmlDeviceGetClockInfo(h, getattr(self.nvml, which))
-
-    def _reasons(self, h) -> int:
-        get = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        return int(get(h))
-
     def close(self) -> None:
-        if self.handles:
-            try:
-                self.nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
-            self.handles = []
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
 
 def run_gpus(device_type: str, gpus_on_node: int) -> list[int]:
     """NVML indices of the GPUs a run of ``gpus_on_node`` devices uses on this node: CUDA devices 0..n-1 as this
-    process sees them (CUDA_VISIBLE_DEVICES honoured)."""
+    process sees them (CUDA_VISIBLE_DEVICES honoured). Without NVML, the CUDA indices: the watch then says why it
+    could not read them."""
     if device_type != "cuda" or gpus_on_node < 1:
         return []
-    from bench.core.environment import _visible_nvml_indices
-
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            total = pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML: nothing to watch
-        return []
-    return _visible_nvml_indices(total)[:gpus_on_node]
+        with nvml.open() as n:
+            total = n.count()
+    except nvml.Unavailable:
+        total = cuda.count()
+    return environment.visible_nvml_indices(total)[:gpus_on_node]
 
 
 def other_gpu_pids(pids: list[int] | None, tree: set[int], visible=lambda p: os.path.exists(f"/proc/{p}")) -> list[int]:
@@ -192,7 +178,7 @@ class Watch:
         self.gpus = Gpus(gpus or [])
         self.samples: list[dict] = []
         self.sampler_cpu = 0.0
-        self.errors = 0
+        self.errors, self.error = 0, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-machine-watch", daemon=True)
 
@@ -215,8 +201,9 @@ class Watch:
         while not self._stop.wait(self.interval):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - a sampler must never take a run down
+            except Exception as e:  # noqa: BLE001 - a sampler must never take a run down; the record says why it missed
                 self.errors += 1
+                self.error = self.error or f"{type(e).__name__}: {e}"
         self.sampler_cpu = time.thread_time() - t0
 
     def tick(self) -> None:
@@ -284,6 +271,8 @@ class Watch:
             "samples": len(self.samples),
             "sampler_cpu_seconds": round(self.sampler_cpu, 4),
             "sampler_errors": self.errors,
+            "sampler_error": self.error,  # the first one's type and message
+            "nvml_unsupported": dict(self.gpus.unsupported),  # query -> why NVML could not answer it on these GPUs
         }
 
 

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from bench.core import cuda
 from bench.core.schedule import Schedule
 from bench.rank import lifeline
 
@@ -32,7 +33,7 @@ def run_rank(spec: dict) -> None:
     cfg, a = RunConfig.from_dict(spec["config"]), spec["accuracy"]
     torch.set_num_threads(spec["threads_per_rank"])
     if cfg.device_type == "cuda":
-        torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)
+        cuda.set_cudnn(bool(cfg.cudnn_benchmark))
     t_setup = time.perf_counter()
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
@@ -48,7 +49,7 @@ def run_rank(spec: dict) -> None:
     def sync():
         for d in backend.devices():
             if d.type == "cuda":
-                torch.cuda.synchronize(d)
+                cuda.synchronize(d)
 
     sync()
     backend.barrier()

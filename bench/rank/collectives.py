@@ -57,8 +57,10 @@ def run_rank(spec: dict) -> None:
 def _device(cfg, local_rank):
     import torch
 
+    from bench.core import cuda
+
     if cfg.device_type == "cuda":
-        torch.cuda.set_device(local_rank)
+        cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
@@ -73,10 +75,11 @@ def _group_name(cfg, backend) -> str:
 
 def _free_bytes(device) -> int:
     import psutil
-    import torch
+
+    from bench.core import cuda
 
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] // 2
+        return cuda.free_bytes(device) // 2
     return psutil.virtual_memory().available // 4  # every rank of this host shares it
 
 
@@ -105,9 +108,11 @@ def _time(op, size, n, device, backend, warmup, iters) -> float:
         x, y = torch.ones(elems // n, device=device), torch.empty(elems, device=device)
         call = lambda: dist.all_gather_into_tensor(y, x)  # noqa: E731
 
+    from bench.core import cuda
+
     def sync():
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            cuda.synchronize(device)
 
     return time_block(call, sync, backend.barrier, warmup, iters)
 

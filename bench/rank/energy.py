@@ -11,34 +11,38 @@ energy and in its seconds alike. Per-window values are kept as diagnostics only
 """
 from __future__ import annotations
 
+from bench.core import cuda, nvml
+
 
 class EnergyMeter:
     """Reads the energy counters of this rank's CUDA devices; ``reason`` says why not when it cannot."""
 
     def __init__(self, devices):
-        self.handles, self.reason = [], None
-        cuda = [d for d in devices if d.type == "cuda"]
-        if not cuda:
+        self.indices, self.session, self.reason = [], None, None
+        gpus = [d for d in devices if d.type == "cuda"]
+        if not gpus:
             self.reason = "no GPU"
             return
         try:
-            import pynvml
-            import torch
-
-            pynvml.nvmlInit()
-            for d in cuda:  # NVML counts GPUs as the driver does; CUDA_VISIBLE_DEVICES may reorder them
-                self.handles.append(pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(d.index)))
+            # NVML counts GPUs as the driver does; CUDA_VISIBLE_DEVICES may reorder them
+            indices = [cuda.nvml_index(d.index) for d in gpus]
+            self.session = nvml.open()
+            self.indices = indices
             self.read()
-        except Exception as e:  # noqa: BLE001 - no NVML, or a GPU without the counter (before Volta)
-            self.handles, self.reason = [], f"NVML energy counter unavailable: {e}"
+        except (nvml.Unavailable, RuntimeError) as e:  # no NVML, a GPU without the counter (before Volta), no mapping
+            self.close()
+            self.indices, self.reason = [], f"NVML energy counter unavailable: {e}"
 
     def read(self) -> list[float] | None:
         """Joules consumed so far by each of this rank's GPUs, or None when not measured."""
-        if not self.handles:
+        if not self.indices or self.session is None:
             return None
-        import pynvml
+        return [self.session.energy_joules(i) for i in self.indices]
 
-        return [pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0 for h in self.handles]
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
 
 def window_energy(before: list[float] | None, after: list[float] | None) -> float | None:

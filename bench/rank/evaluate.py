@@ -24,6 +24,7 @@ import time
 import torch
 
 from backends import models
+from bench.core import cuda
 
 
 def exact_shard(size: int, world_size: int, rank: int) -> list[int]:
@@ -80,7 +81,7 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
             forward(_inputs(first[0], device, input_dtype))
     for d in backend.devices():
         if d.type == "cuda":
-            torch.cuda.synchronize(d)
+            cuda.synchronize(d)
     backend.barrier()
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -102,7 +103,7 @@ def evaluate(backend, dataset, batch_size: int, workers: int = 0) -> dict:
             reshard()
     for d in backend.devices():
         if d.type == "cuda":
-            torch.cuda.synchronize(d)
+            cuda.synchronize(d)
     seconds = time.perf_counter() - t0
     sums = backend.all_reduce_sum(sums)
     backend.barrier()  # as the source articles do: nobody moves on before every rank has evaluated

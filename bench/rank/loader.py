@@ -9,6 +9,7 @@ import time
 def measure_rank(queue, barrier, name, decode, data_dir, size, batch, workers, rank, ranks, device_type, batches, warmup):
     import torch
 
+    from bench.core import cuda
     from bench.rank import data, loaders
 
     try:
@@ -20,7 +21,7 @@ def measure_rank(queue, barrier, name, decode, data_dir, size, batch, workers, r
             # process, read when the iterator starts (dataloader.py, _MultiProcessingDataLoaderIter.__init__), and
             # DALI's and nvJPEG's allocations land on the current device too: without this, every rank opens a
             # context on GPU 0.
-            torch.cuda.set_device(device)
+            cuda.set_device(device)
         source = loaders.build(name, decode, data_dir, size, batch, workers, rank, ranks, distributed=ranks > 1,
                                device=device)
         timed = data.TimedBatches(source, device)
@@ -31,7 +32,7 @@ def measure_rank(queue, barrier, name, decode, data_dir, size, batch, workers, r
         for _ in range(batches):
             next(timed)
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            cuda.synchronize(device)
         queue.put((rank, {"seconds": time.perf_counter() - t0, "skipped": timed.skipped,
                           "empty_classes": timed.empty_classes}))
     except Exception as e:  # noqa: BLE001 - one line back to the parent

@@ -7,29 +7,41 @@ import resource
 
 import torch
 
+from bench.core import cuda, nvml
 from bench.core.markers import oom_evidence
 
 
 def memory_stats(backend) -> list[dict]:
     """Peak allocated/reserved since the last reset from the caching allocator for each CUDA device this rank
-    drives, and NVML's used memory on that GPU (all processes, read now). Empty on CPU."""
+    drives, and NVML's used memory on that GPU (all processes, read now; ``nvml_used_reason`` says why not when it
+    could not be read). Empty on CPU."""
     out = []
     for d in backend.devices():
         if d.type != "cuda":
             continue
-        try:
-            nvml_used = torch.cuda.device_memory_used(d)
-        except Exception:  # no NVML bindings or driver support: leave it unmeasured rather than guess
-            nvml_used = None
+        used, why = nvml_used_bytes(d)
         out.append({
             "rank": backend.rank,
             "device_index": d.index,
-            "device_name": torch.cuda.get_device_name(d),
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated(d),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(d),
-            "nvml_used_bytes": nvml_used,
+            "device_name": cuda.name(d),
+            "peak_allocated_bytes": cuda.peak_allocated_bytes(d),
+            "peak_reserved_bytes": cuda.peak_reserved_bytes(d),
+            "nvml_used_bytes": used,
+            "nvml_used_reason": why,
         })
     return out
+
+
+def nvml_used_bytes(device) -> tuple[int | None, str | None]:
+    """(bytes in use on the whole GPU of a CUDA device, None) from NVML, or (None, why it could not be read)."""
+    try:
+        index = cuda.nvml_index(device.index)
+        with nvml.open() as n:
+            return n.memory_used(index), None
+    except nvml.Unavailable as e:
+        return None, str(e)
+    except RuntimeError as e:  # torch's own: the CUDA device's NVML index could not be read
+        return None, f"NVML index of cuda:{device.index} unknown: {e}"
 
 
 def reset_peaks(backend) -> None:
@@ -38,9 +50,7 @@ def reset_peaks(backend) -> None:
     peak-RSS mark (VmHWM) restarts at the current RSS."""
     for d in backend.devices():
         if d.type == "cuda":
-            with torch.cuda.device(d):
-                torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(d)
+            cuda.reset_peaks(d)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # Linux >= 4.0: reset the peak resident set size to the current one

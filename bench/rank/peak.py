@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from bench.core import cuda
 from bench.core import peak as vocab
 from bench.core.results import utc_now, write_json_atomic
 
@@ -36,18 +37,17 @@ def tf32_mode(device_type: str, precision: str, tf32: bool | None):
     if device_type != "cuda" or precision != "fp32" or tf32 is None:
         yield
         return
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+    before = cuda.set_matmul_tf32(bool(tf32))
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        cuda.set_matmul_tf32(before)
 
 
 def measure(device: torch.device, precision: str, tf32: bool | None = None, shapes=None, clock=time.perf_counter) -> dict:
     """{tflops, best_shape, shapes: [{shape, tflops}]}: the best batch of every shape, and the largest of them."""
     kind = device.type
-    sync = (lambda: torch.cuda.synchronize(device)) if kind == "cuda" else (lambda: None)
+    sync = (lambda: cuda.synchronize(device)) if kind == "cuda" else (lambda: None)
     dtype, found = DTYPES[precision], []
     gen = torch.Generator(device="cpu").manual_seed(0)
     with tf32_mode(kind, precision, tf32):
@@ -81,7 +81,7 @@ def measure(device: torch.device, precision: str, tf32: bool | None = None, shap
 
 def device_name(device: torch.device, env: dict) -> str:
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return cuda.name(device)
     return f"CPU: {env.get('cpu_model') or 'unknown'}"
 
 

@@ -7,7 +7,7 @@ import hashlib
 
 import torch
 
-from bench.core import mfu, results, stats, traces
+from bench.core import cuda, mfu, results, stats, traces
 from bench.core.config import RunConfig
 from bench.rank import energy
 
@@ -110,7 +110,7 @@ def flops_fields(cfg: RunConfig, memory: list[dict], throughput: float) -> dict:
     run as: cuDNN's flag for a torchvision model (convolutions), the matmul flag for the others (bench/core/mfu.py)."""
     per_sample = cfg.flops_per_sample
     device = memory[0]["device_name"] if memory else None
-    tf32 = {"cudnn": bool(torch.backends.cudnn.allow_tf32), "matmul": bool(torch.backends.cuda.matmul.allow_tf32)}
+    tf32 = cuda.tf32()
     applies = tf32["cudnn"] if cfg.workload.kind == "vision" else tf32["matmul"]
     peak, source = mfu.peak_tflops(device, cfg.precision, cfg.peak_tflops, tf32=applies)
     return {"flops_per_sample": per_sample, "peak_tflops_per_device": peak, "peak_tflops_source": source,
@@ -133,9 +133,7 @@ def tf32_applies(cfg: RunConfig) -> bool | None:
     matmul flag for the others (bench/core/mfu.py); None off CUDA or at another precision."""
     if cfg.device_type != "cuda" or cfg.precision != "fp32":
         return None
-    if cfg.workload.kind == "vision":
-        return bool(torch.backends.cudnn.allow_tf32)
-    return bool(torch.backends.cuda.matmul.allow_tf32)
+    return cuda.tf32()["cudnn" if cfg.workload.kind == "vision" else "matmul"]
 
 
 def state_fields(per_rank: list[dict], memory: list[dict]) -> list[dict] | None:

@@ -15,7 +15,7 @@ import time
 import torch
 
 import backends
-from bench.core import results
+from bench.core import cuda, results
 from bench.core.config import RunConfig
 from bench.core.markers import REFUSED_EXIT, REFUSED_MARKER
 from bench.rank import compiled as compile_probe
@@ -38,7 +38,7 @@ def run(spec: dict) -> None:
     if cfg.device_type == "cuda":
         # On (the default, what users run): warm-up picks the fastest conv algorithms, as Horovod's benchmark
         # does. Off: a labelled variant, because DataParallel's replica threads may redo the search (docs/measuring.md).
-        torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)
+        cuda.set_cudnn(bool(cfg.cudnn_benchmark))
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
     hosts = check_fingerprints(backend, cfg, spec)  # before any timed work: every rank runs the same thing
@@ -49,7 +49,7 @@ def run(spec: dict) -> None:
     def sync():
         for d in backend.devices():
             if d.type == "cuda":
-                torch.cuda.synchronize(d)
+                cuda.synchronize(d)
 
     scale0, count0 = backend.loss_scale(), backend.skipped_steps()
     warmup_seconds = []  # each warm-up step on its own (synchronised, untimed): where compilation shows

@@ -9,6 +9,7 @@ import torch
 
 from backends import models
 from backends.base import Backend, build_model, device_for
+from bench.core import cuda
 
 
 class Reference(Backend):
@@ -62,7 +63,7 @@ def run_rank(spec: dict) -> None:
     cfg, v = RunConfig.from_dict(spec["config"]), spec["verify"]
     torch.set_num_threads(spec["threads_per_rank"])
     if cfg.device_type == "cuda":  # the same algorithms on every run: differences come from the backend
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+        cuda.set_cudnn(benchmark=False, deterministic=True)
     ref = v.get("reference")
     backend = Reference(v["data_world"], ref["batchnorm"], ref["twin"]) if ref else backends.create(cfg.backend)
     backend.setup(cfg)

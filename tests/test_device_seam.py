@@ -1,0 +1,278 @@
+"""The device seam (DESIGN.md, "The device seam"): every question the harness asks a GPU goes through bench/core/cuda.py
+(torch.cuda's queries) or bench/core/nvml.py (NVML), and the tests answer them with a fake GPU machine
+(tests/fake_gpu.py). So the GPU side runs here, on a machine with none: device discovery, the NVML names and driver in
+the record's environment, the GPUs a run watches, the memory, energy and TF32 readers, and ``bench run --device cuda``
+from the plan up to the rank's first CUDA kernel. A device read catches the library's own errors only, and says why
+in the record."""
+import ast
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.core import cuda, environment, nvml
+from bench.launch import machine
+from tests.conftest import REPO, bench_inproc, records
+from tests.fake_gpu import FakeGpu, FakeGpuMachine, NVMLError_GpuIsLost
+
+# What only the seam may ask: torch.cuda's queries of the device and its allocator, its TF32 and cuDNN switches,
+# and NVML. The kernels, torch.cuda.OutOfMemoryError and torch.device objects are not questions.
+TORCH_CUDA_QUERIES = {"is_available", "device_count", "get_device_name", "get_device_properties", "set_device",
+                      "synchronize", "max_memory_allocated", "max_memory_reserved", "memory_allocated",
+                      "memory_reserved", "reset_peak_memory_stats", "empty_cache", "mem_get_info",
+                      "device_memory_used", "_get_nvml_device_index", "Event", "current_device", "nccl", "device"}
+SWITCHES = {("cudnn", "allow_tf32"), ("cudnn", "benchmark"), ("cudnn", "deterministic"), ("cudnn", "version"),
+            ("matmul", "allow_tf32")}
+SEAM = {"bench/core/cuda.py", "bench/core/nvml.py"}
+# The plain twins (bench/twins/, --reference) are the hand-written loop a user would write, importing nothing of the
+# harness (tests/test_reference.py): they ask torch themselves, by design.
+PLAIN = "bench/twins/"
+
+
+def _dotted(node) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def device_questions(path: Path, rel: str | None = None) -> list[str]:
+    """Where a module asks the device something outside the seam: ``file:line what``."""
+    rel = rel or path.relative_to(REPO).as_posix()
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), rel)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+            if any(n and n.split(".")[0] == "pynvml" for n in names):
+                found.append(f"{rel}:{node.lineno} imports pynvml")
+        elif isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if dotted.startswith("torch.cuda.") and dotted.split(".")[2] in TORCH_CUDA_QUERIES:
+                found.append(f"{rel}:{node.lineno} {dotted}")
+            elif dotted.startswith("torch.backends.") and tuple(dotted.split(".")[-2:]) in SWITCHES:
+                found.append(f"{rel}:{node.lineno} {dotted}")
+    return found
+
+
+def test_every_device_question_goes_through_the_seam():
+    found = [hit for top in ("bench", "backends") for path in sorted((REPO / top).rglob("*.py"))
+             if path.relative_to(REPO).as_posix() not in SEAM and not path.relative_to(REPO).as_posix().startswith(PLAIN)
+             for hit in device_questions(path)]
+    assert found == [], "ask the device through bench/core/cuda.py or bench/core/nvml.py:\n" + "\n".join(found)
+
+
+def test_the_rule_finds_a_question_asked_outside_the_seam(tmp_path):
+    """The scan above fails on a direct call (so the rule cannot rot into finding nothing)."""
+    bad = tmp_path / "probe.py"
+    bad.write_text("import torch\nimport pynvml\n\ndef f(d):\n    return torch.cuda.max_memory_allocated(d), "
+                   "torch.backends.cuda.matmul.allow_tf32\n")
+    assert sorted(device_questions(bad, "probe.py")) == ["probe.py:2 imports pynvml",
+                                                         "probe.py:5 torch.backends.cuda.matmul.allow_tf32",
+                                                         "probe.py:5 torch.cuda.max_memory_allocated"]
+
+
+def test_the_fake_machine_answers_every_question_of_the_seam():
+    public = {n for n, v in vars(cuda).items() if callable(v) and not n.startswith("_") and v.__module__ == cuda.__name__}
+    assert public == set(FakeGpuMachine().cuda_functions())
+
+
+# -- discovery and the record's environment ---------------------------------------------------------------------
+
+def test_devices_and_the_environment_come_from_the_fake(monkeypatch):
+    from bench.core.devices import detect_device
+
+    FakeGpuMachine([FakeGpu("NVIDIA H200"), FakeGpu("NVIDIA H100 80GB HBM3")], visible=[1, 0]).install(monkeypatch)
+    assert detect_device("auto") == ("cuda", 2) and detect_device("cuda") == ("cuda", 2)
+    # CUDA order, not NVML's: CUDA_VISIBLE_DEVICES=1,0
+    assert environment.nvml_gpus() == {"count": 2, "names": ["NVIDIA H100 80GB HBM3", "NVIDIA H200"],
+                                       "driver": "580.159.04"}
+    env = environment.collect_env()
+    assert (env["gpu_count"], env["gpu_names"], env["driver"], env["nvml"]) == (
+        2, ["NVIDIA H100 80GB HBM3", "NVIDIA H200"], "580.159.04", "ok")
+    assert (env["cuda"], env["nccl"], env["cudnn"], env["cuda_available"]) == ("13.0", "2.27.7", 91300, True)
+
+
+def test_without_nvml_the_environment_says_why(monkeypatch):
+    FakeGpuMachine(nvml="missing").install(monkeypatch)
+    env = environment.collect_env()
+    assert env["gpu_count"] == 0 and env["gpu_names"] == [] and env["driver"] is None
+    assert env["nvml"] == "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
+
+
+def test_a_failing_nvml_query_is_the_library_s_reason_not_a_crash(monkeypatch):
+    FakeGpuMachine(nvml="nvmlSystemGetDriverVersion", fail_with=NVMLError_GpuIsLost).install(monkeypatch)
+    assert environment.nvml_gpus() == {"error": "NVML driver version: NVMLError_GpuIsLost: GPU is lost"}
+
+
+def test_an_error_of_our_own_is_not_swallowed_as_a_missing_nvml(monkeypatch):
+    """Only NVML's own errors become reasons: a mistake in the code (here a query the library lacks) stays an error."""
+    fake = FakeGpuMachine().install(monkeypatch)
+    lib = fake.pynvml()
+    del lib.nvmlDeviceGetName
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", lib)
+    with pytest.raises(AttributeError):
+        environment.nvml_gpus()
+
+
+def test_the_gpus_a_run_watches_follow_cuda_visible_devices(monkeypatch):
+    FakeGpuMachine([FakeGpu() for _ in range(4)], visible=[2, 3]).install(monkeypatch)
+    assert machine.run_gpus("cuda", 2) == [2, 3] and machine.run_gpus("cuda", 1) == [2]
+    assert machine.run_gpus("cpu", 2) == [] and machine.run_gpus("cuda", 0) == []
+
+
+def test_without_nvml_a_run_still_watches_its_cuda_devices_and_says_why_it_read_nothing(monkeypatch):
+    FakeGpuMachine(nvml="missing").install(monkeypatch)
+    gpus = machine.run_gpus("cuda", 2)
+    assert gpus == [0, 1]
+    with machine.Watch("cuda", gpus, interval=0.05) as watch:
+        pass
+    m = watch.summary()
+    assert m["gpus"] == [] and m["nvml"].startswith("NVML unavailable: NVMLError_LibraryNotFound")
+
+
+# -- the rank's readers ------------------------------------------------------------------------------------------
+
+class OneRank:
+    """What the readers ask of a backend: its rank and the devices it drives."""
+
+    def __init__(self, *indices, rank=0):
+        self.rank, self._devices = rank, [torch.device("cuda", i) for i in indices]
+
+    def devices(self):
+        return self._devices
+
+
+def test_memory_is_read_from_the_allocator_and_nvml_of_each_device(monkeypatch):
+    from bench.rank.memory import memory_stats, reset_peaks
+
+    GiB = 2 ** 30
+    fake = FakeGpuMachine([FakeGpu(used_bytes=5 * GiB), FakeGpu("NVIDIA H200", used_bytes=7 * GiB,
+                                                                peak_allocated=2 * GiB, peak_reserved=6 * GiB)],
+                          visible=[1, 0]).install(monkeypatch)
+    got = memory_stats(OneRank(0, 1, rank=3))
+    assert got == [
+        {"rank": 3, "device_index": 0, "device_name": "NVIDIA H200", "peak_allocated_bytes": 2 * GiB,
+         "peak_reserved_bytes": 6 * GiB, "nvml_used_bytes": 7 * GiB, "nvml_used_reason": None},
+        {"rank": 3, "device_index": 1, "device_name": "NVIDIA H100 80GB HBM3", "peak_allocated_bytes": 3 * GiB,
+         "peak_reserved_bytes": 4 * GiB, "nvml_used_bytes": 5 * GiB, "nvml_used_reason": None}]
+    reset_peaks(OneRank(0))
+    assert [args for args in fake.called("reset_peaks")] == [(torch.device("cuda", 0),)]
+    assert memory_stats(OneRank(0))[0]["peak_allocated_bytes"] == 0
+    assert memory_stats(OneRank()) == []  # a CPU rank: nothing
+
+
+def test_memory_without_nvml_keeps_the_allocator_s_figures_and_says_why(monkeypatch):
+    from bench.rank.memory import memory_stats
+
+    FakeGpuMachine(nvml="nvmlDeviceGetMemoryInfo").install(monkeypatch)
+    [m] = memory_stats(OneRank(1))
+    assert m["peak_reserved_bytes"] > 0 and m["nvml_used_bytes"] is None
+    assert m["nvml_used_reason"] == "NVML memory info: NVMLError_NotSupported: Not Supported"
+
+
+def test_energy_is_read_per_gpu_through_its_nvml_index(monkeypatch):
+    from bench.rank.energy import EnergyMeter, window_energy
+
+    FakeGpuMachine([FakeGpu(energy_joules=10.0, watts=0.0), FakeGpu(energy_joules=99.0, watts=0.0)],
+                   visible=[1, 0]).install(monkeypatch)
+    meter = EnergyMeter([torch.device("cuda", 0)])
+    assert meter.reason is None and meter.read() == [99.0]  # CUDA device 0 is NVML's GPU 1
+    two = EnergyMeter([torch.device("cuda", 0), torch.device("cuda", 1)])
+    assert two.read() == [99.0, 10.0] and window_energy([1.0, 2.0], two.read()) == 106.0
+    assert EnergyMeter([torch.device("cpu")]).reason == "no GPU"
+
+
+@pytest.mark.parametrize("nvml_mode,gpu,reason", [
+    ("missing", FakeGpu(), "NVML energy counter unavailable: NVML unavailable: NVMLError_LibraryNotFound: NVML "
+                           "Shared Library Not Found"),
+    ("ok", FakeGpu(energy_counter=False), "NVML energy counter unavailable: NVML energy counter: "
+                                          "NVMLError_NotSupported: Not Supported"),
+])
+def test_energy_that_cannot_be_read_says_why_in_the_record_field(monkeypatch, nvml_mode, gpu, reason):
+    from bench.rank.energy import EnergyMeter
+
+    FakeGpuMachine([gpu], nvml=nvml_mode).install(monkeypatch)
+    meter = EnergyMeter([torch.device("cuda", 0)])
+    assert meter.reason == reason and meter.read() is None
+
+
+def test_energy_of_a_device_cuda_cannot_map_to_nvml_says_why(monkeypatch):
+    from bench.rank.energy import EnergyMeter
+
+    FakeGpuMachine([FakeGpu()]).install(monkeypatch)
+    meter = EnergyMeter([torch.device("cuda", 3)])
+    assert meter.reason == ("NVML energy counter unavailable: device 3 is not visible (CUDA_VISIBLE_DEVICES=[0])")
+
+
+def test_the_tf32_switch_and_the_device_name_for_the_peak(monkeypatch):
+    from bench.core.config import RunConfig
+    from bench.rank import peak
+    from bench.rank.record import flops_fields, tf32_applies
+
+    fake = FakeGpuMachine([FakeGpu("NVIDIA H100 80GB HBM3")]).install(monkeypatch)
+    with peak.tf32_mode("cuda", "fp32", True):
+        assert fake.tf32["matmul"] is True
+    assert fake.tf32["matmul"] is False  # restored
+    with peak.tf32_mode("cuda", "bf16", True):  # only fp32 matmuls have a TF32 mode
+        assert fake.tf32["matmul"] is False
+    assert peak.device_name(torch.device("cuda", 0), {}) == "NVIDIA H100 80GB HBM3"
+    common = dict(backend="single", launcher="inproc", world_size=1, device_type="cuda", image_size=32,
+                  batch_size=2, warmup=2, steps=1, windows=1, precision="fp32")
+    vision = RunConfig(model="resnet18", **common).validate()
+    gpt = RunConfig(model="gpt-tiny", **common).validate()
+    assert tf32_applies(vision) is True and tf32_applies(gpt) is False  # cuDNN's flag, the matmul flag
+    memory = [{"device_name": "NVIDIA H100 80GB HBM3"}]
+    assert flops_fields(vision, memory, 100.0)["tf32"] == {"cudnn": True, "matmul": False}
+
+
+# -- bench run --device cuda, the parent side ---------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_bench_run_on_cuda_plans_watches_and_launches_up_to_the_first_cuda_kernel(monkeypatch, tmp_path):
+    """The harness's half of a CUDA run on a fake machine of 2 H100s: the plan, the GPUs it watches (NVML sampled
+    during the run), torchrun's command and environment, the record's environment from NVML. The ranks are real and
+    stop at their first CUDA call (no driver here); before the device seam's fix, the harness itself stopped at an
+    ImportError in machine.run_gpus before launching anything."""
+    from bench.launch import run as launch_run
+
+    FakeGpuMachine().install(monkeypatch)
+    launched, watched = [], []
+    real_group, real_watch = launch_run.run_group, machine.Watch
+
+    def run_group(cmd, env, log_path, timeout):
+        launched.append((cmd, {k: env[k] for k in ("OMP_NUM_THREADS", "PYTHONPATH")}))
+        return real_group(cmd, env, log_path, timeout)
+
+    class Watch(real_watch):
+        def __exit__(self, *exc):
+            watched.append(self)
+            return super().__exit__(*exc)
+
+    monkeypatch.setattr(launch_run, "run_group", run_group)
+    monkeypatch.setattr(machine, "Watch", Watch)
+    raw = tmp_path / "raw"
+    proc = bench_inproc("run", "--device", "cuda", "--backends", "ddp", "--gpus", "2", "--model", "resnet18",
+                        "--image-size", "32", "--batch-size", "2", "--warmup", "2", "--steps", "1", "--windows", "2",
+                        "--results", raw, "--timeout", "300")
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the run failed in its ranks, not in the harness
+    [(cmd, env)] = launched
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert cmd[5:8] == ["-m", "bench.rank", "--spec"] and cmd[0] == __import__("sys").executable
+    assert env["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    [watch] = watched
+    assert watch.gpus.indices == [0, 1] and watch.gpus.reason is None
+    assert watch.samples and [g["sm_mhz"] for g in watch.samples[-1]["gpus"]] == [1980, 1980]
+    assert watch.summary()["nvml"] == "ok"
+    [rec] = records(raw)
+    assert rec["status"] == "failed" and rec["device_type"] == "cuda" and rec["world_size"] == 2
+    assert "Found no NVIDIA driver" in rec["reason"], rec["reason"]  # the rank's first CUDA call, on this machine
+    assert (rec["env"]["gpu_names"], rec["env"]["driver"], rec["env"]["nvml"]) == (
+        ["NVIDIA H100 80GB HBM3"] * 2, "580.159.04", "ok")
+    spec = json.loads((raw / "logs" / f"{rec['run_id']}.spec.json").read_text())
+    assert spec["config"]["device_type"] == "cuda" and spec["env"]["gpu_count"] == 2
