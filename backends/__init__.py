@@ -8,6 +8,10 @@ under mp.spawn), as Lightning Fabric does with its strategies.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the registry imports no backend module until one is asked for
+    from backends.base import Backend
 
 REGISTRY: dict[str, dict] = {
     "single": {"cls": "backends.single:Single", "launcher": "inproc"},
@@ -33,7 +37,7 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
-def backend_class(name: str) -> type:
+def backend_class(name: str) -> type[Backend]:
     module, _, cls = REGISTRY[name]["cls"].partition(":")
     return getattr(importlib.import_module(module), cls)
 

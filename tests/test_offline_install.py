@@ -98,8 +98,10 @@ def test_the_folder_for_the_gpu_machine_is_what_it_lacks_plus_horovod_and_the_bu
             "six"}
     first_install = {"deepspeed", "hjson", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
                      "holistictraceanalysis", "plotly", "setuptools", "wheel"}
+    # the static checks and make coverage (mypy, coverage and what mypy needs), locked since issue 44
+    checks = {"mypy", "mypy-extensions", "librt", "ast-serialize", "pathspec", "coverage"}
     # packaging: the machine has it, but pip builds DeepSpeed's sdist in an isolated environment, where wheel needs it
-    assert {e.key for e in chosen} == first_install | dali | {"horovod", "cffi", "pycparser", "packaging"}
+    assert {e.key for e in chosen} == first_install | dali | checks | {"horovod", "cffi", "pycparser", "packaging"}
     assert all(e.hashes for e in chosen)
     # Horovod's part alone: what the machine lacks of it
     chosen, _ = lockfile.choose(have=PROFILE, horovod=True)

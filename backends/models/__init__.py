@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -158,13 +159,16 @@ class UserWorkload(Workload):
 
     def __init__(self, spec: str):
         module, _, name = spec.partition(":")
-        self.spec, self.factory = spec, getattr(importlib.import_module(module), name, None)
+        self.spec = spec
+        self.factory: Any = getattr(importlib.import_module(module), name, None)  # callable: checked next
         if not callable(self.factory):
             raise TypeError(f"--model {spec}: {module} has no callable {name!r}")
         with torch.random.fork_rng(devices=[]):  # the contract's check leaves the caller's random state alone
             made = self._made()
         get = made.get if isinstance(made, dict) else lambda key, default=None: getattr(made, key, default)
-        self._batch, self._loss, self._per_sample = get("batch"), get("loss"), get("per_sample")
+        self._batch: Any = get("batch")  # the factory's functions, checked by _made() (loss and per_sample optional)
+        self._loss: Any = get("loss")
+        self._per_sample: Any = get("per_sample")
 
     def _made(self):
         made = self.factory()

@@ -32,7 +32,7 @@ def add_run_arguments(r) -> None:
 
 
 # (group title or None for the main list, [(flag, argparse keywords)]): the flags no backend owns
-RUN_FLAGS = [
+RUN_FLAGS: list[tuple[str | None, list[tuple[str, dict]]]] = [
     (None, [
         ("--backends", {"default": "all", "help": f"comma-separated, or 'all' ({', '.join(backends.names())})"}),
         ("--gpus", {"help": "comma-separated world sizes, e.g. 1,2,4 (on CPU: worker processes)"}),

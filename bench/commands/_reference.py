@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from bench.core import reference, results
+from bench.core.config import RunConfig
 
 TWIN, RUN = "twin", "run"
 
@@ -18,7 +19,7 @@ def _key(cfg) -> tuple:
     return reference.key(results.skeleton(cfg.to_dict(), "", {}), hardware="this machine")
 
 
-def plan(configs: list, runnable) -> list[tuple[str, object]]:
+def plan(configs: list, runnable) -> list[tuple[str, RunConfig]]:
     """``(RUN, cfg)`` for every configuration in its order, with ``(TWIN, cfg)`` placed beside the world-size-1 runs
     of each key and repetition; ``runnable(cfg)``: whether that run can run here (a twin of runs that are all skipped
     is not planned)."""

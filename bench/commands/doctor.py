@@ -197,7 +197,7 @@ def parse_progress(line: str) -> tuple[str, str, float, str] | None:
 
 
 def parse_junit(path: Path) -> dict:
-    out = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "skips": {}}
+    out: dict = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "skips": {}}
     for case in ET.parse(path).getroot().iter("testcase"):
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")

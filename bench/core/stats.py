@@ -71,7 +71,7 @@ def hierarchical_ci95(runs: list[np.ndarray], n_resamples: int = N_RESAMPLES, se
     return [float(np.percentile(stat, 2.5)), float(np.percentile(stat, 97.5))]
 
 
-def bootstrap_medians(runs: list[np.ndarray], n_resamples: int = N_RESAMPLES, seed: int = 0) -> np.ndarray:
+def bootstrap_medians(runs: list[np.ndarray | None], n_resamples: int = N_RESAMPLES, seed: int = 0) -> np.ndarray:
     """The bootstrap distribution of a configuration's median, as ``summarise_runs`` builds its interval: with one
     run its windows resampled (within-run), with several the runs, then the windows within each (hierarchical). For
     figures built from two configurations (a ratio: the harness against its plain twin, bench/core/reference.py)."""
@@ -95,7 +95,7 @@ def _hierarchical_medians(runs: list[np.ndarray], n_resamples: int, seed: int) -
     return np.median(run_medians, axis=1)
 
 
-def summarise_runs(runs: list[np.ndarray]) -> dict:
+def summarise_runs(runs: list[np.ndarray | None]) -> dict:
     """One configuration's throughput from its runs (each an array of per-window throughputs):
 
     - ``median``: the median of the run medians (one run: its median);
@@ -103,17 +103,17 @@ def summarise_runs(runs: list[np.ndarray]) -> dict:
     - ``interval``: ``ACROSS_RUNS`` or ``WITHIN_RUN``, to be shown next to the interval;
     - ``cv_runs``: run-to-run coefficient of variation of the run medians (None with one run).
     """
-    runs = [np.asarray(w, dtype=float) for w in runs if w is not None and len(w)]
-    if not runs:
+    arrays = [np.asarray(w, dtype=float) for w in runs if w is not None and len(w)]
+    if not arrays:
         return {"median": None, "ci95": None, "interval": None, "runs": 0, "windows": 0, "cv_runs": None,
                 "run_medians": []}
-    medians = np.array([np.median(w) for w in runs])
-    if len(runs) == 1:
-        med, ci = median_ci95(runs[0])
+    medians = np.array([np.median(w) for w in arrays])
+    if len(arrays) == 1:
+        med, ci = median_ci95(arrays[0])
         kind = WITHIN_RUN
     else:
-        med, ci, kind = float(np.median(medians)), hierarchical_ci95(runs), ACROSS_RUNS
-    return {"median": med, "ci95": ci, "interval": kind, "runs": len(runs), "windows": int(sum(w.size for w in runs)),
+        med, ci, kind = float(np.median(medians)), hierarchical_ci95(arrays), ACROSS_RUNS
+    return {"median": med, "ci95": ci, "interval": kind, "runs": len(arrays), "windows": int(sum(w.size for w in arrays)),
             "cv_runs": cv(medians), "run_medians": medians.tolist()}
 
 

@@ -172,7 +172,9 @@ def _data(cfg, backend, a: dict):
     share = None if backend.launcher == "inproc" else data.shard_rank(backend)
     channels_last = bool((cfg.options or {}).get("channels_last"))
     if cfg.data == "learnable":
-        task = learnable.Task(cfg.image_size, min(learnable.CLASSES, models.for_config(cfg).classes))
+        workload = models.for_config(cfg)
+        assert isinstance(workload, models.VisionWorkload), "--to-accuracy refuses other models (commands/_accuracy.py)"
+        task = learnable.Task(cfg.image_size, min(learnable.CLASSES, workload.classes))
         x, y = task.train_set(a["train_samples"])
         xe, ye = task.held_out(cfg.eval_samples)
         train = learnable.Epochs(x, y, cfg.batch_size, cfg.world_size, share, cfg.seed, backend.data_device,

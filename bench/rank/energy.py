@@ -52,14 +52,14 @@ def window_energy(before: list[float] | None, after: list[float] | None) -> floa
     return sum(a - b for a, b in zip(after, before))
 
 
-def span_summary(span_joules: list[float | None], span_seconds: list[float], samples: int) -> dict:
+def span_summary(span_joules: list[float | None], span_seconds: list[float | None], samples: int) -> dict:
     """Joules per image and mean watts of all GPUs of the run, from each rank's energy (summed over its GPUs)
     between its read before the first timed window and its read after the last, and the seconds between those
     reads; ``samples``: every sample the timed windows trained (global batch x steps x windows)."""
     if not span_joules or any(j is None for j in span_joules) or not samples:
         return {"joules_per_image": None, "mean_watts": None}
-    return {"joules_per_image": sum(span_joules) / samples,
-            "mean_watts": sum(j / s for j, s in zip(span_joules, span_seconds))}
+    pairs = [(j, s) for j, s in zip(span_joules, span_seconds) if j is not None and s is not None]
+    return {"joules_per_image": sum(j for j, _ in pairs) / samples, "mean_watts": sum(j / s for j, s in pairs)}
 
 
 def summarise(per_window_joules: list[float | None], window_seconds: list[float], samples_per_window: int) -> dict:

@@ -14,6 +14,7 @@ import importlib
 import json
 import os
 import sys
+from typing import NoReturn
 
 from bench.core.errors import DISK_FULL
 from bench.core.markers import DISK_FULL_EXIT, DISK_FULL_MARKER, OOM_EXIT, OOM_MARKER, oom_evidence
@@ -35,7 +36,7 @@ def _spawned(index: int, spec: dict, nprocs: int) -> None:
     exit_done()
 
 
-def exit_done() -> None:
+def exit_done() -> NoReturn:
     """End a rank process whose task finished (its results written, its process group destroyed) without the
     interpreter's finalisation. There, torch can still abort the process: a Gloo worker thread destroys a tensor
     that needs the GIL the dying interpreter no longer gives ("terminate called without an active exception",

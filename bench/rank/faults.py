@@ -102,13 +102,13 @@ class Fault:
         if self._mine(backend, ("watchdog-abort",)):
             failing = backend.step
 
-            def step():
+            def watched_step():
                 try:
                     return failing()
                 except Exception:  # noqa: BLE001 - what NCCL's watchdog would have seen as an asynchronous error
                     _watchdog_abort(backend)
 
-            backend.step = step
+            backend.step = watched_step
         if self._mine(backend, ("slow",)):
             backend.step = slowed(backend.step)
         mine = self._mine(backend, ("crash", "hang", "oom", *OOM_ERRORS, "bloat", "node-dies", "node-freezes"))

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 from bench.core.markers import (HARNESS_ENV, NCCL_ERROR_HANDLING, NCCL_ERROR_HANDLING_ENV, PEER_LOST_EXIT,
                                 PEER_LOST_MARKER)
@@ -107,7 +108,7 @@ class Heartbeat:
         self.host = socket.gethostname()
         self.others = [n for n in range(nnodes) if n != node]
         self.thread: threading.Thread | None = None
-        self.store = None
+        self.store: Any = None  # a torch.distributed.TCPStore once the thread connects
 
     def _key(self, node: int, what: str) -> str:
         return f"{self.prefix}/{node}/{what}"

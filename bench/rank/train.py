@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -160,7 +161,7 @@ cpu_clock = time.process_time  # CPU time of the process, all threads (bench/cor
 def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "window") -> dict:
     """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
     t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region."""
-    out = {"seconds": [], "cpu": [], "data_wait": [], "skipped": [], "energy": [], "profiler": False}
+    out: dict[str, Any] = {"seconds": [], "cpu": [], "data_wait": [], "skipped": [], "energy": [], "profiler": False}
     for i in range(cfg.windows):
         lifeline.set_phase(f"{phase} {i + 1} of {cfg.windows}")  # several nodes: where a lost node was
         backend.barrier()  # start every window together; the barrier itself is not timed

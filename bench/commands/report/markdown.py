@@ -48,7 +48,11 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
 
     rows = summary.to_dict("records")
     n_recs, n_ok = sum(len(r["_recs"]) for r in rows), sum(r["runs_ok"] for r in rows)
-    warn = lambda m: (skipped.append(m), print(f"warning: {m}", file=sys.stderr))  # noqa: E731
+
+    def warn(m):
+        skipped.append(m)
+        print(f"warning: {m}", file=sys.stderr)
+
     best = tune.latest(src, warn)  # bench tune: the backends at their best, beside the shared defaults
     verdicts = verdict.verdicts(rows) + tune.verdicts(best) \
         + accuracy.verdicts(src, lambda m: None)  # time to accuracy: report/accuracy.py

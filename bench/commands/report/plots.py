@@ -92,7 +92,7 @@ def _plot_efficiency(plt, ok, series, color, unit, device):
         _ring(ax, [(r["world_size"], r[col]) for r in drawn
                    if flagged(r, field, "throughput", kinds=(SAME_COMPUTATION,))])
         ax.axhline(100, ls="--", color="gray", label="ideal (100 %)")
-        note = (f"\n{len(left_out)} not drawn: {', '.join(sorted({withheld(r, field) for r in left_out}))}" if left_out
+        note = (f"\n{len(left_out)} not drawn: {', '.join(sorted({str(withheld(r, field)) for r in left_out}))}" if left_out
                 else "" if drawn else "\nno such baseline in these records")
         _world_size_axis(ax, ok, unit)
         ax.set_title(what + note, fontsize=9)
