@@ -23,7 +23,7 @@ DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA) --loader $(LOADER))
 # bench loader's flags (its image size and batch default to bench run's; pass the same ones as in ARGS)
 LOADER_ARGS ?= $(if $(filter-out all,$(GPUS)),--gpus $(GPUS))
 
-.PHONY: venv install horovod bench report test test-fast gpu-check list clean regress baseline verify lock check-lock wheels mutation
+.PHONY: venv install horovod bench report test test-fast gpu-check list clean regress baseline verify lock check-lock wheels mutation coverage
 
 # Does nothing when .venv already matches requirements.lock and TORCH; fails with one line when the lock is stale.
 venv:
@@ -116,7 +116,7 @@ list: venv
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 XDIST     := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadscope)
 test: install
-	@echo '$(strip $(PY) -m pytest -q -rs $(XDIST) tests $(ARGS))'; \
+	@echo '$(strip $(PY) -m pytest -q -rs $(XDIST) $(COVERAGE_TESTS) $(ARGS))'; \
 	$(PY) -m pytest -q -rs $(XDIST) tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
@@ -126,6 +126,23 @@ test-fast: venv
 	@echo '$(strip BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs $(XDIST) -m "not slow and not gpu" tests $(ARGS))'; \
 	BENCH_TEST_FAST=1 $(PY) -m pytest -q -rs $(XDIST) -m "not slow and not gpu" tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; fi; exit $$status
+
+# The CPU suite under coverage (not part of make test: about twice its time), every process it starts measured (pyproject's
+# [tool.coverage.run]); then the lines of bench/ and backends/ that only a GPU executes (scripts/gpu_only_lines.py:
+# the device seam's library calls, and any project logic no CPU test reaches through the fake GPU machine), listed.
+# Data and the HTML report in results/coverage/. COVERAGE_TESTS=tests/test_x.py narrows it; ARGS passes pytest flags.
+COVERAGE_DIR := $(abspath results/coverage)
+COVERAGE_TESTS ?= tests
+coverage: install
+	@rm -rf $(COVERAGE_DIR); mkdir -p $(COVERAGE_DIR); \
+	echo '$(strip COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest -q -p no:cacheprovider $(XDIST) $(COVERAGE_TESTS) $(ARGS))'; \
+	COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest -q -p no:cacheprovider $(XDIST) $(COVERAGE_TESTS) $(ARGS); \
+	status=$$?; \
+	COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage combine -q $(COVERAGE_DIR) && \
+	COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage html -q -d $(COVERAGE_DIR)/html && \
+	$(PY) scripts/gpu_only_lines.py --data $(COVERAGE_DIR)/.coverage --list --json $(COVERAGE_DIR)/gpu-only.json || status=1; \
+	echo "make coverage: pytest exited $$status; report: $(COVERAGE_DIR)/html/index.html, $(COVERAGE_DIR)/gpu-only.json"; \
+	exit $$status
 
 # One command that proves a GPU machine (docs/gpu-machine.md): the gpu-marked tests (several at once), then every
 # backend with ResNet-50 at bf16, one table, in 450 s (with `make venv`, 8 minutes on one GPU). It builds no Horovod

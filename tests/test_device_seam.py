@@ -276,3 +276,32 @@ def test_bench_run_on_cuda_plans_watches_and_launches_up_to_the_first_cuda_kerne
         ["NVIDIA H100 80GB HBM3"] * 2, "580.159.04", "ok")
     spec = json.loads((raw / "logs" / f"{rec['run_id']}.spec.json").read_text())
     assert spec["config"]["device_type"] == "cuda" and spec["env"]["gpu_count"] == 2
+
+
+# -- make coverage: which missed lines only a GPU runs (scripts/gpu_only_lines.py) ----------------------------------
+
+def test_the_gpu_only_lines_are_the_cuda_branches_and_the_seam():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_only_lines", REPO / "scripts" / "gpu_only_lines.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    source = (
+        "def f(devices, cfg):\n"                    # 1
+        "    for d in devices:\n"                     # 2
+        "        if d.type != 'cuda':\n"              # 3
+        "            continue\n"                      # 4  CPU: leaves
+        "        cuda.synchronize(d)\n"               # 5  GPU-only (after the guard)
+        "    if cfg.device_type == 'cuda':\n"         # 6
+        "        x = 1\n"                             # 7  GPU-only
+        "    else:\n"                                 # 8
+        "        x = 2\n"                             # 9  CPU
+        "    if not cuda.available():\n"              # 10
+        "        raise ValueError('none')\n"          # 11 CPU
+        "    y = cuda.name(0)\n"                      # 12 GPU-only (after the guard; a device call too)
+        "    return error_path(x, y)\n")              # 13 GPU-only (after the guard)
+    missed = set(range(1, 14))
+    got = tool.classify("bench/x.py", source, missed)
+    assert got["logic"] == [5, 7, 12, 13] and got["seam"] == []
+    assert got["other"] == [1, 2, 3, 4, 6, 8, 9, 10, 11]
+    assert tool.classify("bench/core/cuda.py", source, {5, 7}) == {"seam": [5, 7], "logic": [], "other": []}

@@ -1,0 +1,122 @@
+"""The lines of bench/ and backends/ that only a GPU executes, from a coverage run of the CPU suite (make coverage).
+
+A line the CPU suite never executed is GPU-only when a GPU is what it waits for: it lies under a condition that asks for
+CUDA (``device_type == "cuda"``, ``d.type != "cuda"``, ``torch.cuda.is_available()``, NCCL), or it is itself a device
+call (``cuda.``, ``nvml.``, ``torch.cuda``), or it is in the device seam (bench/core/cuda.py, bench/core/nvml.py),
+whose lines are each one library call. The seam's lines are the floor (only a GPU can run them); every other GPU-only
+line is project logic that a CPU test could reach through the fake GPU machine (tests/fake_gpu.py) and does not yet.
+
+    python scripts/gpu_only_lines.py [--data FILE] [--list] [--json OUT]
+
+prints the counts (and with --list every project-logic line, file:line and its text); exit 0. The other lines the
+suite never ran are counted apart ("not run, not GPU-only"): CPU code without a test, or error paths.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SEAM = ("bench/core/cuda.py", "bench/core/nvml.py")
+GPU_WORDS = re.compile(r"\bcuda\b|\bnccl\b|\bgpus?\b|nvml|is_available", re.IGNORECASE)
+DEVICE_CALL = re.compile(r"\b(cuda|nvml)\.[a-z_]+\(|torch\.cuda\.")
+
+
+def gpu_guarded_lines(source: str) -> set[int]:
+    """Lines that run only on a GPU by the code's own conditions: the branch of an ``if``/``while`` whose test asks
+    for CUDA, NCCL, a GPU or NVML (the body of ``if x == "cuda"``, the else of ``if x != "cuda"`` or ``if not
+    cuda.available()``), and the rest of the block after a guard clause that leaves when there is none (``if d.type
+    != "cuda": continue``)."""
+    tree = ast.parse(source)
+    lines: set[int] = set()
+
+    def span(nodes) -> set[int]:
+        out: set[int] = set()
+        for n in nodes:
+            out.update(range(n.lineno, (n.end_lineno or n.lineno) + 1))
+        return out
+
+    def visit_block(body):
+        for i, node in enumerate(body):
+            if isinstance(node, (ast.If, ast.While)) and GPU_WORDS.search(ast.unparse(node.test)):
+                test = ast.unparse(node.test)
+                negative = "!=" in test or test.startswith("not ") or " not in " in test
+                lines.update(span(node.orelse) if negative else span(node.body))
+                leaves = node.body and isinstance(node.body[-1], (ast.Continue, ast.Return, ast.Raise, ast.Break))
+                if negative and leaves and not node.orelse:
+                    lines.update(span(body[i + 1:]))  # the rest of the block runs only on a GPU
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(node, field, None)
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                    visit_block(block)
+            for h in getattr(node, "handlers", None) or []:
+                visit_block(h.body)
+
+    visit_block(tree.body)
+    return lines
+
+
+def classify(rel: str, source: str, missed: set[int]) -> dict[str, list[int]]:
+    """The missed lines of one file: {"seam": [...], "logic": [...], "other": [...]}."""
+    if rel in SEAM:
+        return {"seam": sorted(missed), "logic": [], "other": []}
+    text = source.splitlines()
+    guarded = gpu_guarded_lines(source)
+    out: dict[str, list[int]] = {"seam": [], "logic": [], "other": []}
+    for n in sorted(missed):
+        line = text[n - 1] if n - 1 < len(text) else ""
+        device_call = DEVICE_CALL.search(line) and not re.match(r"\s*(el)?if |\s*while ", line)  # a test runs anywhere
+        out["logic" if n in guarded or device_call else "other"].append(n)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(REPO / "results" / "coverage" / ".coverage"), help="the combined data file")
+    p.add_argument("--list", action="store_true", help="every GPU-only line of project logic, with its text")
+    p.add_argument("--json", help="write the counts and lines here")
+    args = p.parse_args(argv)
+    import coverage
+
+    if not Path(args.data).exists():
+        print(f"gpu_only_lines: no coverage data at {args.data} (make coverage writes it)", file=sys.stderr)
+        return 2
+    cov = coverage.Coverage(data_file=args.data)
+    cov.load()
+    totals = {"seam": 0, "logic": 0, "other": 0, "statements": 0, "run": 0}
+    listing: dict[str, dict[str, list[int]]] = {}
+    for top in ("bench", "backends"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            try:
+                _, statements, _, missing, _ = cov.analysis2(str(path))
+            except coverage.CoverageException:  # never imported by any test: all of it is missed
+                continue
+            totals["statements"] += len(statements)
+            totals["run"] += len(statements) - len(missing)
+            got = classify(rel, path.read_text(), set(missing))
+            for k, v in got.items():
+                totals[k] += len(v)
+            if got["seam"] or got["logic"]:
+                listing[rel] = {"seam": got["seam"], "logic": got["logic"]}
+    print(f"CPU suite: {totals['run']} of {totals['statements']} statements of bench/ and backends/ run "
+          f"({100 * totals['run'] / max(1, totals['statements']):.1f}%)")
+    print(f"GPU-only lines: {totals['seam'] + totals['logic']} = {totals['seam']} in the device seam (one library call "
+          f"each: {', '.join(SEAM)}) + {totals['logic']} of project logic")
+    print(f"not run, not GPU-only: {totals['other']}")
+    if args.list:
+        for rel, got in listing.items():
+            text = (REPO / rel).read_text().splitlines()
+            for n in got["logic"]:
+                print(f"  {rel}:{n}: {text[n - 1].strip()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"totals": totals, "lines": listing}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
