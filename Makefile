@@ -144,10 +144,11 @@ coverage: install
 	echo "make coverage: pytest exited $$status; report: $(COVERAGE_DIR)/html/index.html, $(COVERAGE_DIR)/gpu-only.json"; \
 	exit $$status
 
-# One command that proves a GPU machine (docs/gpu-machine.md): the gpu-marked tests (several at once), then every
-# backend with ResNet-50 at bf16, one table, in 450 s (with `make venv`, 8 minutes on one GPU). It builds no Horovod
-# (minutes of compiling; its tests skip with the reason unless a build is already there). FULL=1: the 20-minute check,
-# Horovod built first, every backend at fp32, bf16 and fp16. Offline: add TORCH=system WHEELS=DIR.
+# One command that proves a GPU machine (docs/gpu-machine.md): the launch plan (every backend at bf16 and fp16, fp32
+# through bench verify, 2 ranks, the single-purpose runs; several launches at once), the gpu tests on its records, one
+# table and the verdict, in 420 s (with `make venv`, 8 minutes on one GPU). It builds no Horovod (minutes of compiling:
+# its row says "not built" unless a build is already there). FULL=1: Horovod built first, then also the measured sweep
+# of every backend at fp32, bf16 and fp16, and the make baseline command for this GPU. Offline: add TORCH=system WHEELS=DIR.
 FULL ?=
 gpu-check: venv $(if $(FULL),horovod)
 	$(PY) -m bench doctor $(if $(FULL),--full) $(ARGS)

@@ -108,10 +108,17 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
 
 
-# BENCH_TEST_PROGRESS=1 (bench doctor sets it): one line per test as it finishes, with its outcome and its time
-# (setup, call and teardown: a module fixture's runs count for the test that started them), flushed at once, so the
-# log of a check killed by its time limit still says what passed, what failed and what took the time.
-_PROGRESS: dict[str, list] = {}
+# BENCH_TEST_LOG=FILE (bench doctor sets it): what happens to every test, one JSON object a line, appended and flushed
+# as it happens, so a check stopped by its time limit loses nothing: {"event": "collected", "tests": [...]} once,
+# {"event": "start", "test": id} as each starts, and {"event": "done", "test": id, "outcome": passed | failed | error |
+# skipped, "seconds": setup + call + teardown, "error": the first line of its error or skip reason, "where":
+# file:line of the failure, "output": the last lines of its traceback and captured output} as each ends. A one-line
+# progress note goes to the terminal too. Only the controller writes (under pytest-xdist it receives every worker's
+# reports); a worker is told by its config, not by PYTEST_XDIST_WORKER, which a pytest started inside a worker inherits.
+TEST_LOG = os.environ.get("BENCH_TEST_LOG")
+OUTPUT_LINES = 15
+_DONE: dict[str, dict] = {}
+_CONFIG = None
 
 
 def pytest_configure(config):
@@ -119,24 +126,70 @@ def pytest_configure(config):
     _CONFIG = config
 
 
-_CONFIG = None
+def _controller() -> bool:
+    return bool(TEST_LOG) and not hasattr(_CONFIG, "workerinput")
+
+
+def _log(event: dict) -> None:
+    with open(TEST_LOG, "a") as f:
+        f.write(json.dumps(event) + "\n")
+        f.flush()
+
+
+def pytest_collection_finish(session):
+    if _controller():
+        _log({"event": "collected", "tests": [item.nodeid for item in session.items]})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    global _COLLECTED
+    if _controller() and not _COLLECTED:  # every worker collects the same tests: said once
+        _COLLECTED = True
+        _log({"event": "collected", "tests": list(ids)})
+
+
+_COLLECTED = False
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _controller():
+        _log({"event": "start", "test": nodeid})
+
+
+def _first_error(report) -> tuple[str, str]:
+    """(the first line of a failure's error, or a skip's reason; file:line where it was raised)."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # a skip: (file, line, "Skipped: why")
+        return str(longrepr[2]).removeprefix("Skipped: "), f"{longrepr[0]}:{longrepr[1]}"
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        lines = [ln for ln in str(crash.message).splitlines() if ln.strip()]
+        root = str(getattr(_CONFIG, "rootpath", REPO))
+        path = str(crash.path).removeprefix(f"{root}{os.sep}")
+        return (lines[0] if lines else ""), f"{path}:{crash.lineno}"
+    text = [ln for ln in str(longrepr or "").splitlines() if ln.strip()]
+    return (text[-1] if text else ""), ""
 
 
 def pytest_runtest_logreport(report):
-    # the controller prints (under pytest-xdist it receives every worker's reports); workers print nothing. A worker
-    # is told by its config, not by PYTEST_XDIST_WORKER, which a pytest started from inside a worker inherits.
-    if os.environ.get("BENCH_TEST_PROGRESS") != "1" or hasattr(_CONFIG, "workerinput"):
+    if not _controller():
         return
-    seen = _PROGRESS.setdefault(report.nodeid, [0.0, "passed", ""])
-    seen[0] += report.duration
-    if report.failed:
-        seen[1] = "failed" if report.when == "call" else "error"
-    elif report.skipped and seen[1] == "passed":
-        seen[1] = "skipped"
-        seen[2] = str(report.longrepr[2]).removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else ""
+    seen = _DONE.setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed", "error": "", "where": "",
+                                            "output": []})
+    seen["seconds"] += report.duration
+    if report.failed or (report.skipped and seen["outcome"] == "passed"):
+        seen["outcome"] = ("failed" if report.when == "call" else "error") if report.failed else "skipped"
+        seen["error"], seen["where"] = _first_error(report)
+        tail = str(report.longrepr or "").splitlines() if report.failed else []
+        for _, content in report.sections:
+            tail += content.splitlines()
+        seen["output"] = tail[-OUTPUT_LINES:]
     if report.when == "teardown":
-        _, outcome, why = _PROGRESS.pop(report.nodeid)
-        line = f"{PROGRESS_MARK} {report.nodeid} {outcome} {seen[0]:.1f} s" + (f" ({why})" if why else "")
+        done = _DONE.pop(report.nodeid)
+        _log({"event": "done", "test": report.nodeid, **done, "seconds": round(done["seconds"], 2)})
+        line = (f"{PROGRESS_MARK} {report.nodeid} {done['outcome']} {done['seconds']:.1f} s"
+                + (f" ({done['error']})" if done["error"] else ""))
         terminal = _CONFIG.pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
         if terminal is not None:
             terminal.ensure_newline()
@@ -145,7 +198,7 @@ def pytest_runtest_logreport(report):
             print(line, flush=True)
 
 
-PROGRESS_MARK = "[test done]"  # bench/commands/doctor.py reads these lines
+PROGRESS_MARK = "[test done]"  # the terminal's line per finished test (bench doctor echoes them)
 
 
 # Optional dependencies a machine may lack (a GPU machine with no package registry had no DALI, DeepSpeed or HTA):
@@ -190,6 +243,101 @@ def skip_without(*what: str) -> None:
             if name == "horovod" and os.environ.get("BENCH_REQUIRE_HOROVOD") == "1":
                 pytest.fail(f"BENCH_REQUIRE_HOROVOD=1 and horovod cannot be used: {problem}")
             pytest.skip(problem)
+
+
+# The GPU check's launch plan (bench/commands/_gpu_plan.py): the `gpu` tests start no runs of their own, they read the
+# plan's records. Under `bench doctor` the plan already ran and BENCH_GPU_PLAN_DIR names its folder; under a plain
+# `pytest -m gpu` the first test that asks runs it there, once for every xdist worker (they inherit this variable from
+# the controller, which sets it before they start, and take turns on the folder's lock).
+os.environ.setdefault("BENCH_GPU_PLAN_DIR", str(Path(tempfile.gettempdir()) / f"bench-gpu-plan-{os.getpid()}"))
+
+
+class GpuPlan:
+    """The plan's manifest and records, as the gpu tests read them."""
+
+    def __init__(self, folder: Path, manifest: dict):
+        self.folder, self.manifest = Path(folder), manifest
+
+    def launch(self, name: str) -> dict:
+        """A launch's manifest entry; skips the test when the plan has no such launch (two GPUs needed, another
+        doctor --backends) or the budget left it out."""
+        from bench.commands import _gpu_plan
+
+        got = self.manifest["launches"].get(name)
+        if got is None:
+            pytest.skip(f"launch {name} is not in this plan")
+        if got["status"] == _gpu_plan.NOT_RUN:
+            pytest.skip(f"launch {name}: {_gpu_plan.NOT_RUN}")
+        return got
+
+    def records(self, name: str) -> list[dict]:
+        """Every record of a launch; fails with the launch's last log lines when it wrote none."""
+        from bench.commands import _gpu_plan
+
+        launch = self.launch(name)
+        recs = _gpu_plan.records(self.folder, name)
+        if not recs:
+            tail = "\n".join(Path(launch["log"]).read_text(errors="replace").splitlines()[-20:])
+            pytest.fail(f"launch {name} {launch['status']} (exit {launch['rc']}) and wrote no record: {tail}")
+        return recs
+
+    def record(self, name: str, backend: str | None = None) -> dict:
+        """The one run record of a launch (of ``backend``), ok; a backend this machine cannot run skips with its
+        reason (a failure where BENCH_REQUIRE_OPTIONAL=1 or, for Horovod, BENCH_REQUIRE_HOROVOD=1)."""
+        runs = [r for r in self.records(name) if r.get("kind") is None and (backend is None or r["backend"] == backend)]
+        assert len(runs) == 1, [(r["backend"], r["precision"]) for r in runs]
+        rec = runs[0]
+        if rec["status"] == "skipped":
+            if rec["backend"] == "horovod":
+                skip_without("horovod")
+            elif rec["backend"].startswith("ds_"):
+                skip_without("deepspeed")
+            elif rec.get("loader") == "dali":
+                skip_without("dali")
+            pytest.skip(rec["reason"])
+        assert rec["status"] == "ok", rec["reason"]
+        return rec
+
+    def log(self, name: str) -> str:
+        return Path(self.launch(name)["log"]).read_text(errors="replace")
+
+
+def shared_gpu_plan(folder: Path | str | None = None, runner=None) -> GpuPlan:
+    """The plan's results in ``folder`` (default BENCH_GPU_PLAN_DIR): read when a complete manifest is there, else run
+    by ``runner(folder)`` (default: the whole plan for this machine) while holding the folder's lock, so that the
+    first caller of the session runs it and every other caller, in any xdist worker, waits and reads."""
+    from bench.commands import _gpu_plan
+
+    folder = Path(folder or os.environ["BENCH_GPU_PLAN_DIR"])
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest = _gpu_plan.load(folder)
+        if manifest is None or not manifest.get("complete"):
+            manifest = (runner or run_gpu_plan)(folder)
+    return GpuPlan(folder, manifest)
+
+
+def run_gpu_plan(folder: Path) -> dict:
+    """The whole plan for this machine's GPUs (one, or two and more), as bench doctor runs it."""
+    import time
+
+    from bench.commands import _gpu_plan
+    from bench.core import cuda
+    from bench.core.devices import usable_cpus
+
+    plan = _gpu_plan.launches(min(cuda.count(), 2))
+    print(f"gpu tests: running the GPU check's launch plan ({len(plan)} launches) into {folder}", flush=True)
+    return _gpu_plan.run(plan, folder, _gpu_plan.default_jobs(usable_cpus()), time.monotonic() + 3600)
+
+
+@pytest.fixture(scope="session")
+def gpu_plan() -> GpuPlan:
+    from bench.core import cuda
+
+    if not cuda.available():
+        pytest.skip("needs a CUDA device")
+    return shared_gpu_plan()
 
 
 # A gpu test of 2 ranks on a machine with one GPU: the DDP family shares it over gloo (--ranks-per-gpu 2); the others

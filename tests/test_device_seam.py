@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.core import cuda, environment, nvml
+from bench.core import cuda, environment
 from bench.launch import machine
 from tests.conftest import REPO, bench_inproc, records
 from tests.fake_gpu import FakeGpu, FakeGpuMachine, NVMLError_GpuIsLost

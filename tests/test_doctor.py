@@ -1,14 +1,21 @@
-"""bench doctor (make gpu-check): its plan, its one table (from hand-built records), its refusal without CUDA and
-its exit status, and its real pytest subprocess (every gpu test skips here). The real check runs on a GPU machine only;
-everything it decides is checked here."""
+"""bench doctor (make gpu-check): its launch plan (every registered backend, from the registry), the session fixture
+that runs the plan once for every xdist worker, the gpu tests' log of every reason and its budget stop, the one table
+(failures grouped, what did not run named, the verdict last) and the whole command on a fake GPU machine. The real check
+runs on a GPU machine only; everything it decides is checked here."""
+import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
 import backends
+from bench.commands import _gpu_plan as gpu_plan
 from bench.commands import doctor
-from tests.conftest import cli_error
+from tests.conftest import REPO, bench_inproc, cli_error
+from tests.fake_gpu import FakeGpuMachine
 
 GiB = 2 ** 30
 
@@ -19,18 +26,305 @@ def fake_cuda(monkeypatch, n):
     monkeypatch.setattr(_plan, "detect_device", lambda requested: ("cuda", n))
 
 
+# -- the launch plan -------------------------------------------------------------------------------------------
+
 @pytest.mark.parametrize("gpus", [1, 2])
-def test_plan_is_every_backend_at_every_precision_with_resnet50(monkeypatch, tmp_path, gpus):
-    fake_cuda(monkeypatch, gpus)
-    configs = doctor.plan(gpus, "all", tmp_path)
-    got = {(c.backend, c.precision) for c in configs}
-    assert got == {(b, p) for b in backends.names() for p in ("fp32", "bf16", "fp16")}
-    assert len(configs) == len(got)  # once each (cudnn.benchmark on: no dp cudnn-off variant)
-    assert {c.model for c in configs} == {"resnet50"} and {c.cudnn_benchmark for c in configs} == {True}
-    assert {(c.warmup, c.steps, c.windows) for c in configs} == {(6, 5, 2)}
-    assert {c.world_size for c in configs if c.backend != "single"} == {gpus}
-    assert [c.world_size for c in configs if c.backend == "single"] == [1, 1, 1]
-    assert [c.precision for c in configs][:: len(configs) // 3] == ["fp32", "bf16", "fp16"]  # precision by precision
+def test_the_plan_covers_every_registered_backend_at_bf16_fp16_fp32_and_two_ranks(gpus):
+    plan = gpu_plan.launches(gpus)
+    names = [x.name for x in plan]
+    assert len(names) == len(set(names))
+    for b in backends.names():
+        for precision in ("bf16", "fp16"):
+            [x] = [x for x in plan if x.name == f"{b}-{precision}"]
+            assert x.backends == (b,) and x.column == precision and dict(x.env) == gpu_plan.MEMORY_PROBE
+            assert x.argv[x.argv.index("--precision") + 1] == precision and x.argv[:3] == ("run", "--backends", b)
+        [verify] = [x for x in plan if x.column == "fp32 (verify)" and b in x.backends]
+        assert verify.argv[0] == "verify" and verify.trees == 1 + len(verify.backends)
+        two = [x for x in plan if x.column == "2 ranks" and x.backends == (b,)]
+        # one GPU: the backends that can share it; two: every backend that runs at 2
+        assert len(two) == (gpu_plan.runs_at_two(b) and (gpus == 2 or gpu_plan.shares_a_gpu(b)))
+        if two and gpus == 1:
+            assert "--ranks-per-gpu" in two[0].argv
+    assert [b for b in backends.names() if gpu_plan.shares_a_gpu(b)] == [
+        "ddp", "ddp_spawn", "ddp_amp_syncbn", "ddp_zero", "allreduce_manual"]
+    single_purpose = {"cudnn-off", "energy-span", "decode-torchvision", "decode-dali", "ddp-hook-powersgd",
+                      "ddp-hook-fp16", "trace-hta", "gpt-memory"}
+    assert single_purpose <= set(names)
+    two_gpus = {"deepspeed-2gpus-fp32", "deepspeed-2gpus-fp16", "fsdp2-2gpus-fp16", "horovod-2gpus", "dp-2gpus",
+                "dp-energy", "collectives-2gpus"}
+    assert (two_gpus <= set(names)) is (gpus == 2) and (two_gpus & set(names) == set()) is (gpus == 1)
+    assert all(x.gpus <= gpus for x in plan)
+
+
+def test_a_new_backend_joins_the_plan_with_no_edit(monkeypatch):
+    monkeypatch.setitem(backends.REGISTRY, "extra", {"cls": "tests.backends.extra_backend:Extra",
+                                                     "launcher": "torchrun"})
+    names = {x.name for x in gpu_plan.launches(1)}
+    assert {"extra-bf16", "extra-fp16"} <= names
+    assert any("extra" in x.backends for x in gpu_plan.launches(1) if x.column == "fp32 (verify)")
+
+
+def test_the_plan_s_count_and_estimate():
+    plan = gpu_plan.launches(1)
+    trees = sum(x.trees for x in plan)
+    assert gpu_plan.estimate_seconds(plan, 4) == pytest.approx(gpu_plan.SECONDS_PER_TREE * trees / 4)
+    assert gpu_plan.estimate_seconds(plan, 1) == pytest.approx(gpu_plan.SECONDS_PER_TREE * trees)
+    assert [gpu_plan.default_jobs(c) for c in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
+    x = next(x for x in plan if x.name == "ddp-bf16")
+    assert x.shell() == ("BENCH_FAULT=bloat@rank0:step3 python -m bench run --backends ddp --gpus 1 --device cuda "
+                         "--model resnet18 --image-size 64 --batch-size 16 --warmup 3 --steps 3 --windows 3 "
+                         "--precision bf16 --results results/doctor/alone")
+
+
+@pytest.mark.slow
+def test_the_plan_runs_launches_at_once_on_their_own_cores_and_leaves_out_what_the_deadline_cuts(tmp_path):
+    """The runner with stand-in launches (a `bench` command that fails in a second, one that sleeps): each launch in its
+    own folder with its log, on its slice of the cores, at most `jobs` at once; past the deadline nothing starts."""
+    import os
+    import time
+
+    cpus = sorted(os.sched_getaffinity(0))
+    quick = gpu_plan.Launch("quick", ("run", "--backends", "nope"), "an unknown backend", ("single",), "bf16")
+    bad = gpu_plan.Launch("bad", ("run", "--gpus", "0"), "a bad world size")
+    late = gpu_plan.Launch("late", ("run",), "never started")
+    said = []
+    start = time.monotonic()
+    manifest = gpu_plan.run([quick, bad, late], tmp_path, jobs=2, deadline=start + 0.1, say=said.append, cpus=cpus)
+    assert manifest["complete"] is True and manifest["jobs"] == min(2, len(cpus))
+    got = manifest["launches"]
+    assert got["quick"]["status"] == "failed" and got["quick"]["rc"] == 2 and got["bad"]["status"] == "failed"
+    assert got["late"]["status"] == gpu_plan.NOT_RUN
+    assert "unknown backend" in Path(got["quick"]["log"]).read_text()
+    assert got["quick"]["command"].startswith("python -m bench run --backends nope --results")
+    assert sorted(got[n]["cpus"][0] for n in ("quick", "bad")) == list(range(min(2, len(cpus))))
+    assert json.loads((tmp_path / gpu_plan.MANIFEST).read_text()) == manifest
+    assert any(line.startswith("[plan] quick: started") for line in said)
+    assert (tmp_path / "imagenet" / "train").is_dir()  # the decode launches' folder
+
+
+# -- the fixture: the plan once for every xdist worker ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_gpu_plan_fixture_runs_the_plan_once_for_several_xdist_workers(tmp_path):
+    """Two test modules on two xdist workers both ask for the plan: one runs it (a stand-in runner that counts and
+    takes a second), the other waits on the folder's lock and reads the same manifest."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    runner = textwrap.dedent(f"""
+        import json, os, time
+        from pathlib import Path
+
+        from tests.conftest import shared_gpu_plan
+
+
+        def runner(folder):
+            with open({str(tmp_path / "ran")!r}, "a") as f:
+                f.write(os.environ.get("PYTEST_XDIST_WORKER", "?") + "\\n")
+            time.sleep(1.0)
+            manifest = {{"schema": 1, "complete": True, "launches": {{"x": {{"status": "ok"}}}}, "by": "one"}}
+            (Path(folder) / "plan.json").write_text(json.dumps(manifest))
+            return manifest
+
+
+        def check():
+            plan = shared_gpu_plan(runner=runner)
+            assert plan.manifest["launches"] == {{"x": {{"status": "ok"}}}}
+    """)
+    for name in ("test_a.py", "test_b.py"):
+        (tests / name).write_text(runner + "\n\ndef test_it():\n    check()\n")
+    env = {**__import__("os").environ, "BENCH_GPU_PLAN_DIR": str(tmp_path / "plan"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                           "loadfile", "--rootdir", str(tests), str(tests)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
+    ran = (tmp_path / "ran").read_text().split()
+    assert len(ran) == 1 and ran[0].startswith("gw"), ran  # one worker ran it; the other read it
+
+
+# -- the gpu tests' log: every reason kept, a budget stop said --------------------------------------------------
+
+SLOW_SUITE = {
+    "test_a.py": """
+        def run_gpus():
+            raise ImportError("cannot import name '_visible_nvml_indices' from 'bench.core.results'")
+
+        def test_fails_like_the_others():
+            run_gpus()
+
+        def test_fails_the_same_way():
+            run_gpus()
+
+        def test_passes():
+            print("fine")
+    """,
+    "test_b.py": """
+        import time
+
+        def test_fails_its_own_way():
+            assert 1 + 1 == 3, "arithmetic broke"
+
+        def test_hangs():
+            time.sleep(120)
+
+        def test_never_starts():
+            pass
+
+        def test_never_starts_either():
+            pass
+    """,
+}
+
+
+@pytest.mark.slow
+def test_a_run_cut_by_its_budget_keeps_every_reason_and_names_the_running_and_never_started(tmp_path, monkeypatch):
+    """pytest stopped at its budget (SIGINT first: it still writes its JUnit XML): the failures' first error lines and
+    last output lines, the test still running and those never started, and the identical failures grouped."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name, text in SLOW_SUITE.items():
+        (suite / name).write_text(textwrap.dedent(text))
+    (suite / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
+    (suite / "pytest.ini").write_text("[pytest]\n")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    t = doctor.run_tests(12, tmp_path / "out", test_timeout=600, jobs=1, paths=(str(suite),), marker="", cwd=suite)
+    assert t["timed_out"] is True and t["seconds"] < 12 + doctor.SIGINT_GRACE_S + 30
+    assert (t["passed"], t["failed"], t["skipped"]) == (1, 3, 0)
+    errors = {f["test"].split("::")[1]: (f["error"], f["where"]) for f in t["failures"]}
+    assert errors["test_fails_like_the_others"] == (
+        "ImportError: cannot import name '_visible_nvml_indices' from 'bench.core.results'", "test_a.py:3")
+    assert errors["test_fails_its_own_way"][0] == "AssertionError: arithmetic broke"
+    assert any("raise ImportError" in line for f in t["failures"] for line in f["output"])
+    assert [x.split("::")[1] for x in t["running"]] == ["test_hangs"]
+    assert [x.split("::")[1] for x in t["never_started"]] == ["test_never_starts", "test_never_starts_either"]
+    assert t["junit"] is not None and Path(t["junit"]).is_file()  # SIGINT: pytest still wrote its summary
+    text, failed = doctor.report(None, tmp_path, [], t, [], False, True)
+    assert failed is True
+    lines = text.splitlines()
+    i = lines.index("Failures (identical first lines grouped):")
+    assert lines[i + 1] == ("1. 2 tests: ImportError: cannot import name '_visible_nvml_indices' from "
+                            "'bench.core.results' (test_a.py:3)")
+    assert lines[i + 3].startswith("2. 1 tests: AssertionError: arithmetic broke (test_b.py:")
+    assert "stopped by the time budget with 1 running (test_b.py::test_hangs) and 2 never started" in text
+    assert lines[-1] == "GPU machine NOT OK: 0 backends ran, 0 failed, 3 gpu tests failed"
+
+
+# -- the table ---------------------------------------------------------------------------------------------------
+
+def plan_folder(tmp_path, launches: dict, recs: dict) -> Path:
+    """A plan's folder built by hand: the manifest's launches and each launch's records."""
+    folder = tmp_path / "plan"
+    manifest = {"schema": 1, "complete": True, "launches": {}}
+    for name, (launch, status) in launches.items():
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        log = folder / f"{name}.log"
+        log.write_text("bench: error: --device cuda: no CUDA device is visible here\n" if status == "failed" else "")
+        manifest["launches"][name] = {"argv": list(launch.argv), "what": launch.what, "backends": list(launch.backends),
+                                      "column": launch.column, "trees": launch.trees, "env": dict(launch.env),
+                                      "results": str(folder / name), "log": str(log), "command": launch.shell(),
+                                      "status": status, "rc": 0 if status == "ok" else 2, "seconds": 1.0, "cpus": [0]}
+        for i, r in enumerate(recs.get(name, [])):
+            (folder / name / f"r{i}.json").write_text(json.dumps(r))
+    (folder / "plan.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def ok_record(backend, precision="bf16", **extra):
+    mem = {"rank": 0, "device_index": 0, "peak_allocated_bytes": GiB, "peak_reserved_bytes": 2 * GiB,
+           "warmup_peak_allocated_bytes": GiB + 300 * 2 ** 20, "nvml_used_bytes": 3 * GiB, "nvml_used_reason": None}
+    return {"backend": backend, "precision": precision, "status": "ok", "reason": None, "world_size": 1,
+            "replicas_consistent": True, "memory": [mem], "machine": {"nvml": "ok", "gpus": [{"index": 0}]}, **extra}
+
+
+def test_the_table_has_a_row_per_backend_groups_identical_failures_and_names_what_did_not_run(tmp_path):
+    plan = {x.name: x for x in gpu_plan.launches(1, ["single", "ddp", "fsdp2", "horovod"])}
+    driver = ("rank 0 exited with code 1; torchrun exit code 1 before rank 0 wrote the run's results; first error: "
+              "RuntimeError: Found no NVIDIA driver on your system; last lines: ...; log /x/20261126T235100Z-ddp-w1-2fb81a.log")
+    launches = {n: (x, "ok") for n, x in plan.items()}
+    launches["fsdp2-fp16"] = (plan["fsdp2-fp16"], "failed")  # its harness stopped before any record
+    launches["verify-2"] = (plan["verify-2"], gpu_plan.NOT_RUN)
+    recs = {"single-bf16": [ok_record("single")], "single-fp16": [ok_record("single", "fp16")],
+            "ddp-bf16": [ok_record("ddp")], "ddp-fp16": [{**ok_record("ddp", "fp16"), "status": "failed",
+                                                          "reason": driver}],
+            "ddp-2ranks": [{**ok_record("ddp"), "status": "failed", "reason": driver.replace("2fb81a", "9c0d1e")}],
+            "fsdp2-bf16": [{**ok_record("fsdp2"), "memory": [{**ok_record("x")["memory"][0],
+                                                              "warmup_peak_allocated_bytes": GiB}]}],
+            "horovod-bf16": [{"backend": "horovod", "status": "skipped", "precision": "bf16",
+                              "reason": "horovod is not installed (make horovod)"}],
+            "horovod-fp16": [{"backend": "horovod", "status": "skipped", "precision": "fp16",
+                              "reason": "horovod is not installed (make horovod)"}],
+            "verify-1": [{"kind": "verify", "rows": [{"backend": "single", "verdict": "pass"},
+                                                     {"backend": "ddp", "verdict": "pass"}]}],
+            "cudnn-off": [ok_record("single", "fp32")]}
+    folder = plan_folder(tmp_path, launches, recs)
+    manifest = json.loads((folder / "plan.json").read_text())
+    text, failed = doctor.report(manifest, folder, ["single", "ddp", "fsdp2", "horovod"], None, [], False, False)
+    assert failed is True
+    lines = text.splitlines()
+    assert lines[0] == "Backends (concurrent: a functional check, not a measurement):"
+    assert lines[2] == "| backend | bf16 | fp16 | fp32 (verify) | 2 ranks | memory | NVML | this row alone |"
+    rows = {ln.split(" | ")[0].lstrip("| "): ln for ln in lines if ln.startswith("| ") and " | " in ln}
+    assert rows["single"] == "| single | ok | ok | pass | — | ok | ok | python -m bench doctor --backends single |"
+    assert rows["ddp"] == "| ddp | ok | failed | pass | failed | ok | ok | python -m bench doctor --backends ddp |"
+    assert rows["fsdp2"] == ("| fsdp2 | ok | failed | not run (budget) | — | failed | ok | python -m bench doctor "
+                             "--backends fsdp2 |")
+    assert rows["horovod"] == ("| horovod | not built | not built | not run (budget) | — | — | — | python -m bench doctor "
+                               "--backends horovod |")
+    i = lines.index("Failures (identical first lines grouped):")
+    assert lines[i + 1] == "1. 2 checks: RuntimeError: Found no NVIDIA driver on your system"
+    assert lines[i + 2] == "   ddp fp16, ddp 2 ranks"
+    assert lines[i + 3:i + 5] == ["2. 1 checks: bench: error: --device cuda: no CUDA device is visible here",
+                                  "   fsdp2 fp16"]
+    assert lines[i + 5].startswith("3. 1 checks: the memory probe's block is missing from the warm-up peak")
+    assert "horovod: not built (make horovod: minutes of compiling against this torch; make gpu-check FULL=1 builds " \
+           "it first)" in lines
+    assert lines[-1] == ("GPU machine NOT OK: 1 backend ran, 2 failed (ddp, fsdp2), 1 not built (horovod), "
+                         "2 not run in the budget (fsdp2, horovod)")
+    single_purpose = [ln for ln in lines if ln.startswith("| cudnn-off |")]
+    assert single_purpose == ["| cudnn-off | cudnn.benchmark off is applied and recorded | ok | python -m bench run "
+                              "--backends single --gpus 1 --device cuda --model resnet18 --image-size 64 --batch-size 16 "
+                              "--warmup 3 --steps 3 --windows 3 --cudnn-benchmark off --results results/doctor/alone |"]
+
+
+def test_the_verdict_of_a_clean_check_and_the_full_tier_s_baseline_offer(tmp_path):
+    plan = {x.name: x for x in gpu_plan.launches(1, ["single"])}
+    recs = {"single-bf16": [ok_record("single")], "single-fp16": [ok_record("single", "fp16")],
+            "verify-1": [{"kind": "verify", "rows": [{"backend": "single", "verdict": "pass"}]}]}
+    folder = plan_folder(tmp_path, {n: (x, "ok") for n, x in plan.items()}, recs)
+    manifest = json.loads((folder / "plan.json").read_text())
+    tests = {"passed": 20, "failed": 0, "skipped": 3, "failures": [], "skips": {}, "timed_out": False, "seconds": 40.0,
+             "log": "x.log", "running": [], "never_started": []}
+    text, failed = doctor.report(manifest, folder, ["single"], tests, [], True, True,
+                                 "make baseline GPUS=1  (writes results/baselines/NVIDIA-H100-80GB-HBM3-x1.json)")
+    assert failed is False
+    assert text.splitlines()[-3:] == [
+        "gpu tests: 20 passed, 0 failed, 3 skipped in 40 s (log: x.log)",
+        "regression baseline for this GPU: make baseline GPUS=1  (writes results/baselines/NVIDIA-H100-80GB-HBM3-x1.json)",
+        "GPU machine OK: 1 backend ran, 0 failed"]
+
+
+@pytest.mark.slow
+def test_the_whole_check_on_a_fake_gpu_machine(monkeypatch, tmp_path):
+    """bench doctor on a fake machine of one H100, for one backend's row (its command alone): the estimate first, the
+    launches really started (each a `python -m bench` that, with no GPU behind the fake, stops at its device check),
+    their failures grouped under the table, the verdict last and exit 1."""
+    FakeGpuMachine([__import__("tests.fake_gpu", fromlist=["FakeGpu"]).FakeGpu()]).install(monkeypatch)
+    proc = bench_inproc("doctor", "--backends", "ddp_zero", "--skip-tests", "--skip-sweep", "--jobs", "2",
+                        "--results", tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = proc.stderr.splitlines()[0]
+    plan = gpu_plan.launches(1, ["ddp_zero"])
+    assert first == (f"doctor: quick tier on 1 GPU(s) (NVIDIA H100 80GB HBM3): {len(plan)} launches "
+                     f"({sum(x.trees for x in plan)} process trees), 2 at once, about "
+                     f"{gpu_plan.estimate_seconds(plan, 2):.0f} s; then the gpu tests on their records; budget 420 s")
+    out = proc.stdout.splitlines()
+    assert "| ddp_zero | failed | failed | failed | failed | — | — | python -m bench doctor --backends ddp_zero |" in out
+    i = out.index("Failures (identical first lines grouped):")
+    assert out[i + 1].startswith(f"1. {len(plan)} checks: bench: error: ")
+    assert out[-1] == "GPU machine NOT OK: 0 backends ran, 1 failed (ddp_zero)"
+    assert (tmp_path / "doctor.md").read_text().splitlines()[-1] == out[-1]
+    manifest = gpu_plan.load(tmp_path / "plan")
+    assert set(manifest["launches"]) == {x.name for x in plan} and manifest["complete"] is True
 
 
 def test_without_cuda_it_refuses_in_one_line(capsys, monkeypatch):
@@ -43,7 +337,21 @@ def test_without_cuda_it_refuses_in_one_line(capsys, monkeypatch):
                    "hides the GPUs)\n")
 
 
-def rec(backend, precision, status="ok", n=2, **extra):
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_the_measured_sweep_is_every_backend_at_every_precision_with_resnet50(monkeypatch, tmp_path, gpus):
+    fake_cuda(monkeypatch, gpus)
+    configs = doctor.plan(gpus, "all", tmp_path)
+    got = {(c.backend, c.precision) for c in configs}
+    assert got == {(b, p) for b in backends.names() for p in ("fp32", "bf16", "fp16")}
+    assert len(configs) == len(got)  # once each (cudnn.benchmark on: no dp cudnn-off variant)
+    assert {c.model for c in configs} == {"resnet50"} and {c.cudnn_benchmark for c in configs} == {True}
+    assert {(c.warmup, c.steps, c.windows) for c in configs} == {(6, 5, 2)}
+    assert {c.world_size for c in configs if c.backend != "single"} == {gpus}
+    assert [c.world_size for c in configs if c.backend == "single"] == [1, 1, 1]
+    assert [c.precision for c in configs][:: len(configs) // 3] == ["fp32", "bf16", "fp16"]  # precision by precision
+
+
+def measured(backend, precision, status="ok", n=2, **extra):
     r = {"backend": backend, "world_size": n, "precision": precision, "status": status, "reason": None, "note": None,
          "cudnn_benchmark": True}
     if status == "ok":
@@ -53,78 +361,97 @@ def rec(backend, precision, status="ok", n=2, **extra):
     return r
 
 
-TESTS = {"passed": 20, "failed": 1, "skipped": 2, "failures": ["test_gpu::test_fsdp2_fp16_on_two_gpus"],
-         "skips": {"needs 2 CUDA devices": 2}, "timed_out": False, "seconds": 300.0, "log": "x.log"}
-
-
-def test_the_table_shows_every_column_and_skips_with_their_reasons():
-    rows = [rec("ddp", "bf16"),
-            rec("horovod", "fp32", "skipped", reason="Horovod is not installed (make horovod)"),
-            rec("fsdp2", "fp16", "failed", reason="RuntimeError: No inf checks were recorded for this optimizer."),
-            rec("dp", "fp32", energy_reason=None, note="one process drives 2 GPUs", mfu=None, joules_per_image=None),
+def test_the_measured_table_shows_every_column_and_skips_with_their_reasons():
+    rows = [measured("ddp", "bf16"),
+            measured("horovod", "fp32", "skipped", reason="Horovod is not installed (make horovod)"),
+            measured("fsdp2", "fp16", "failed", reason="RuntimeError: No inf checks were recorded for this optimizer."),
+            measured("dp", "fp32", energy_reason=None, note="one process drives 2 GPUs", mfu=None,
+                     joules_per_image=None),
             {"backend": "ds_zero3", "world_size": 2, "precision": "fp16", "status": "not run (budget)",
-             "reason": "the 1200 s budget was spent"}]
-    lines = doctor.table(TESTS, rows).splitlines()
-    assert lines[0] == "| backend | GPUs | precision | status | img/s | peak reserved per GPU | MFU | J/image | why / note |"
-    assert lines[1] == "|---|---:|---|---|---:|---:|---:|---:|---|"
-    assert lines[2] == ("| pytest -m gpu |  |  | failed: 20 passed, 1 failed, 2 skipped |  |  |  |  | failed: "
-                        "test_gpu::test_fsdp2_fp16_on_two_gpus; skipped 2: needs 2 CUDA devices |")
-    assert lines[3] == "| ddp | 2 | bf16 | ok | 2,345.7 | 0: 10.00 · 1: 11.00 GiB | 43.2 % | 0.123 |  |"
-    assert lines[4] == "| horovod | 2 | fp32 | skipped |  |  |  |  | Horovod is not installed (make horovod) |"
-    assert lines[5] == ("| fsdp2 | 2 | fp16 | failed |  |  |  |  | RuntimeError: No inf checks were recorded for this "
+             "reason": "the 1500 s budget was spent"}]
+    text, failed = doctor.report(None, Path("."), [], None, rows, True, True)
+    lines = text.splitlines()
+    assert failed is True  # a failed run, and under --full what the budget left out
+    assert lines[0] == "Measured (sequential, alone on the machine):"
+    assert lines[2] == ("| backend | GPUs | precision | status | img/s | peak reserved per GPU | MFU | J/image | "
+                        "why / note |")
+    assert lines[3] == "|---|---:|---|---|---:|---:|---:|---:|---|"
+    assert lines[4] == "| ddp | 2 | bf16 | ok | 2,345.7 | 0: 10.00 · 1: 11.00 GiB | 43.2 % | 0.123 |  |"
+    assert lines[5] == "| horovod | 2 | fp32 | skipped |  |  |  |  | Horovod is not installed (make horovod) |"
+    assert lines[6] == ("| fsdp2 | 2 | fp16 | failed |  |  |  |  | RuntimeError: No inf checks were recorded for this "
                         "optimizer. |")
-    assert lines[6] == "| dp | 2 | fp32 | ok | 2,345.7 | 0: 10.00 · 1: 11.00 GiB |  |  | one process drives 2 GPUs |"
-    assert lines[7] == "| ds_zero3 | 2 | fp16 | not run (budget) |  |  |  |  | the 1200 s budget was spent |"
-    assert len(lines) == 8
+    assert lines[7] == "| dp | 2 | fp32 | ok | 2,345.7 | 0: 10.00 · 1: 11.00 GiB |  |  | one process drives 2 GPUs |"
+    assert lines[8] == "| ds_zero3 | 2 | fp16 | not run (budget) |  |  |  |  | the 1500 s budget was spent |"
+    assert lines[-1] == "GPU machine NOT OK: 0 backends ran, 0 failed, 1 measured run failed"
+    # diverged replicas fail like a crash; the quick tier lists what its budget left out without failing
+    assert doctor.report(None, Path("."), [], None, [measured("ddp", "fp32", replicas_consistent=False)], False,
+                         True)[1] is True
+    assert doctor.report(None, Path("."), [], None, [rows[0], rows[4]], False, True)[1] is False
 
 
-def test_exit_status_fails_on_a_failed_test_a_failed_run_or_diverged_replicas_and_under_full_on_the_budget():
-    ok_tests = {**TESTS, "failed": 0, "failures": []}
-    for full in (True, False):
-        assert doctor.failed(ok_tests, [rec("ddp", "fp32"), rec("horovod", "fp32", "skipped")], full) is False
-        assert doctor.failed(None, [rec("ddp", "fp32")], full) is False
-        assert doctor.failed(TESTS, [rec("ddp", "fp32")], full) is True
-        assert doctor.failed(ok_tests, [rec("fsdp2", "fp16", "failed")], full) is True
-        assert doctor.failed(ok_tests, [rec("ddp", "fp32", replicas_consistent=False)], full) is True
-        # what the budget left out: a failure of the full check only (the quick tier lists it)
-        assert doctor.failed({**ok_tests, "timed_out": True}, [], full) is full
-        assert doctor.failed(ok_tests, [{"status": "not run (budget)"}], full) is full
-    assert doctor.failed({**TESTS, "timed_out": True}, [], False) is True  # a test that failed before the budget ran out
+def test_the_tests_line_of_a_check_the_budget_stopped():
+    t = {"passed": 3, "failed": 0, "skipped": 0, "failures": [], "skips": {}, "timed_out": True, "seconds": 270.4,
+         "log": "x.log", "running": ["tests/test_gpu.py::test_a"], "never_started": ["tests/test_gpu.py::test_b"]}
+    assert doctor.tests_line(t) == ("gpu tests: 3 passed, 0 failed, 0 skipped in 270 s (log: x.log); stopped by the "
+                                    "time budget with 1 running (tests/test_gpu.py::test_a) and 1 never started "
+                                    "(tests/test_gpu.py::test_b)")
+    assert doctor.report(None, Path("."), [], t, [], True, True)[1] is True  # the full check must finish
+    assert doctor.report(None, Path("."), [], t, [], False, True)[1] is False
 
 
-def test_the_tests_row_of_a_check_the_budget_stopped():
-    stopped = {**TESTS, "failed": 0, "failures": [], "skips": {}, "timed_out": True, "seconds": 270.4, "finished": [
-        ("tests/test_gpu_one.py::test_a", "passed", 12.0, "")] * 3, "passed": 3, "skipped": 0}
-    assert doctor.tests_row(stopped, full=False)[3] == "not run (budget): 3 passed, 0 failed, 0 skipped"
-    assert doctor.tests_row(stopped, full=True)[3] == "failed: 3 passed, 0 failed, 0 skipped"
-    assert doctor.tests_row(stopped)[8] == "stopped by the time budget after 270 s with 3 test(s) finished (log: x.log)"
+def test_measured_runs_that_no_longer_fit_the_budget_are_listed_not_launched(monkeypatch, tmp_path, capsys):
+    """The measured sweep's loop, with a fake clock, plan and launcher: the budget decides what runs."""
+    from bench import cli, launch
+    from bench.core import environment
 
+    FakeGpuMachine([__import__("tests.fake_gpu", fromlist=["FakeGpu"]).FakeGpu()]).install(monkeypatch)
+    monkeypatch.setattr(environment, "collect_env", lambda *a, **kw: {"gpu_names": ["NVIDIA H100 80GB HBM3"]})
+    monkeypatch.setattr(gpu_plan, "run", lambda *a, **kw: {"launches": {}, "complete": True})
+    clock = iter(range(0, 100000, 100))  # every reading 100 s later: start, then one reading per planned run
+    monkeypatch.setattr(doctor.time, "monotonic", lambda: next(clock))
+    launched = []
 
-def test_progress_lines_are_read_back():
-    assert doctor.parse_progress("..[test done] tests/test_gpu.py::test_x[fp16] passed 12.3 s") == (
-        "tests/test_gpu.py::test_x[fp16]", "passed", 12.3, "")
-    assert doctor.parse_progress("[test done] tests/t.py::test_y skipped 0.0 s (needs 2 CUDA devices: NCCL (x))") == (
-        "tests/t.py::test_y", "skipped", 0.0, "needs 2 CUDA devices: NCCL (x)")
-    assert doctor.parse_progress("[test done] garbage") is None
+    def run_one(cfg, results_dir, env_meta, backend, timeout=None, **kw):
+        launched.append((cfg.backend, cfg.precision, timeout))
+        return measured(cfg.backend, cfg.precision, n=1)
+
+    monkeypatch.setattr(launch, "run_one", run_one)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["doctor", "--full", "--skip-tests", "--budget-s", "450", "--run-timeout", "150",
+                  "--results", str(tmp_path)])
+    assert e.value.code == 1  # runs left out of the full check: it did not finish
+    # the clock reads 0 at the start, then 100 s more before each planned run: 350, 250, 150 s left get the per-run
+    # cap, 50 s left gets 50 s, and from -50 s on (under doctor.MIN_RUN_S) nothing is launched
+    assert launched == [(b, "fp32", t) for b, t in zip(backends.names()[:4], (150, 150, 150, 50))]
+    out = capsys.readouterr().out
+    assert out.count("| not run (budget) |") == 3 * len(backends.names()) - 4
+    assert (tmp_path / "doctor.md").read_text().strip() == out[out.index("Backends"):].strip()
+    # the quick tier: bf16 only, whatever time is left, and what it leaves out is neither listed nor a failure
+    launched.clear()
+    clock = iter(range(0, 100000, 100))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["doctor", "--skip-tests", "--results", str(tmp_path / "quick")])
+    assert e.value.code == 0
+    assert launched == [(b, "bf16", t) for b, t in zip(backends.names()[:3], (150, 150, 120))]
+    out = capsys.readouterr().out
+    assert "| not run (budget) |" not in out and "bench doctor (quick)" in out
 
 
 @pytest.mark.slow
 def test_the_gpu_tests_really_run_from_the_repository_root(tmp_path, monkeypatch):
     """The real subprocess, not a fake: doctor.py moved into bench/commands/ and ran `pytest ... tests` from bench/,
     where pytest found no `tests` and exited 4 ("failed: pytest exited 4" on every GPU machine). Here, with no GPU,
-    every gpu test is collected and skips with its reason; each one's progress line comes back. Started from another
-    directory with a relative results path, as a user may."""
+    every gpu test is collected and skips with its reason, each one logged. Started from another directory with a
+    relative results path, as a user may."""
     monkeypatch.chdir(tmp_path)
     t = doctor.run_tests(600, Path("rel") / "doctor", jobs=1)
     assert t["timed_out"] is False and t["failed"] == 0 and t["failures"] == [], Path(t["log"]).read_text()[-3000:]
-    assert t["passed"] == 0 and t["skipped"] >= 30 and sum(t["skips"].values()) == t["skipped"]
-    assert len(t["finished"]) == t["skipped"] and {o for _, o, _, _ in t["finished"]} == {"skipped"}
-    assert all(name.startswith("tests/") and "::" in name for name, _, _, _ in t["finished"])  # from the root
+    assert t["passed"] == 0 and t["skipped"] >= 60 and t["skipped"] == t["collected"]
+    assert sum(t["skips"].values()) == t["skipped"] and t["skips"]["needs a CUDA device"] >= 60
+    assert all(why == "needs a CUDA device" or why.startswith("needs 2 CUDA devices") for why in t["skips"])
     assert (tmp_path / "rel" / "doctor" / "gpu-tests.xml").is_file()
-    # a budget that cannot hold the session: the process group is stopped, and nothing counts as failed
-    t = doctor.run_tests(0.5, tmp_path / "short", jobs=1)
-    assert t["timed_out"] is True and t["failed"] == 0 and t["seconds"] < 30
-    assert doctor.tests_row(t, full=False)[3].startswith("not run (budget)")
+    events = doctor.read_events(tmp_path / "rel" / "doctor" / "gpu-tests.jsonl")
+    assert all(e["test"].startswith("tests/") and "::" in e["test"] for e in events if e["event"] == "done")
 
 
 def test_junit_summary(tmp_path):
@@ -137,45 +464,6 @@ def test_junit_summary(tmp_path):
     assert doctor.parse_junit(xml) == {"passed": 1, "failed": 2, "skipped": 1,
                                        "failures": ["test_gpu::test_b", "test_loaders::test_d"],
                                        "skips": {"needs 2 CUDA devices": 1}}
-
-
-def test_runs_that_no_longer_fit_the_budget_are_listed_not_launched(monkeypatch, tmp_path, capsys):
-    """The sweep loop itself, with a fake clock and launcher: the budget decides what runs."""
-    from bench import cli, launch
-    from bench.core import environment
-
-    fake_cuda(monkeypatch, 1)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(environment, "collect_env", lambda *a, **kw: {"gpu_names": ["NVIDIA H100 80GB HBM3"]})
-    clock = iter(range(0, 100000, 100))  # every reading 100 s later: start, then one reading per planned run
-    monkeypatch.setattr(doctor.time, "monotonic", lambda: next(clock))
-    launched = []
-
-    def run_one(cfg, results_dir, env_meta, backend, timeout=None, **kw):
-        launched.append((cfg.backend, cfg.precision, timeout))
-        return rec(cfg.backend, cfg.precision, n=1)
-
-    monkeypatch.setattr(launch, "run_one", run_one)
-    with pytest.raises(SystemExit) as e:
-        cli.main(["doctor", "--full", "--skip-tests", "--budget-s", "450", "--run-timeout", "150",
-                  "--results", str(tmp_path)])
-    assert e.value.code == 1  # runs left out of the full check: it did not finish
-    # the clock reads 0 at the start, then 100 s more before each planned run: 350, 250, 150 s left get the
-    # per-run cap, 50 s left gets 50 s, and from -50 s on (under doctor.MIN_RUN_S) nothing is launched
-    assert launched == [(b, "fp32", t) for b, t in zip(backends.names()[:4], (150, 150, 150, 50))]
-    out = capsys.readouterr().out
-    assert out.count("| not run (budget) |") == 3 * len(backends.names()) - 4
-    assert (tmp_path / "doctor.md").read_text().strip() == out[out.index("| backend"):].strip()
-    # the quick tier: every backend once, at bf16, in 450 s; what the budget leaves out is listed, not a failure
-    launched.clear()
-    clock = iter(range(0, 100000, 100))
-    with pytest.raises(SystemExit) as e:
-        cli.main(["doctor", "--skip-tests", "--results", str(tmp_path / "quick")])
-    assert e.value.code == 0
-    assert launched == [(b, "bf16", t) for b, t in zip(backends.names()[:4], (150, 150, 150, 50))]
-    out = capsys.readouterr().out
-    assert out.count("| not run (budget) |") == len(backends.names()) - 4 and "bench doctor (quick)" in out
 
 
 # --ranks-per-gpu: the 2-rank gpu tests on a one-GPU machine (tests/test_gpu.py two_ranks)

@@ -1,37 +1,24 @@
-"""2 ranks on CUDA. On a machine with one GPU the DDP family (ddp, ddp_spawn, ddp_amp_syncbn, ddp_zero,
-allreduce_manual) shares it: 2 ranks over gloo, whose all-reduce, broadcast and all-gather take CUDA tensors
-(--ranks-per-gpu 2); NCCL refuses two ranks on one device, so FSDP2, DeepSpeed, Horovod, DataParallel and NCCL's own
-collectives need 2 GPUs and skip with that reason (FSDP2 and DeepSpeed in fp16 at 2 GPUs:
-tests/backends/test_fsdp2.py and test_deepspeed.py).
-Marked ``gpu``."""
+"""2 ranks on CUDA, read from the GPU check's launch plan (bench/commands/_gpu_plan.py) where a run is needed. On a
+machine with one GPU the backends that can share it (the DDP family: ddp, ddp_spawn, ddp_amp_syncbn, ddp_zero,
+allreduce_manual, each declaring --ranks-per-gpu) run 2 ranks on it over gloo, whose all-reduce, broadcast and
+all-gather take CUDA tensors; NCCL refuses two ranks on one device, so FSDP2, DeepSpeed, Horovod, DataParallel and
+NCCL's own collectives need 2 GPUs and skip with that reason (FSDP2 and DeepSpeed in fp16 at 2 GPUs:
+tests/backends/test_fsdp2.py and test_deepspeed.py). Marked ``gpu``."""
 import pytest
 import torch
 
-from tests.conftest import bench, records, skip_without, two_gpus
-from tests.test_gpu import GPU_RUN
+import backends
+from bench.commands._gpu_plan import shares_a_gpu
+from tests.conftest import skip_without, two_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-DDP_FAMILY = ("ddp", "ddp_spawn", "ddp_amp_syncbn", "ddp_zero", "allreduce_manual")
 SHARED = torch.cuda.device_count() < 2  # one GPU: the two ranks share it, over gloo
-
-
-def two_rank_args() -> list:
-    return ["--gpus", 2] + (["--ranks-per-gpu", 2] if SHARED else [])
-
-
-@pytest.fixture(scope="module")
-def ddp_family(tmp_path_factory):
-    """The DDP family at 2 ranks in one sweep: NCCL on 2 GPUs, gloo on one shared GPU."""
-    raw = tmp_path_factory.mktemp("two") / "raw"
-    proc = bench("run", "--backends", ",".join(DDP_FAMILY), *two_rank_args(), *GPU_RUN, "--results", raw)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {r["backend"]: r for r in records(raw)}
+DDP_FAMILY = [n for n in backends.names() if shares_a_gpu(n)]
 
 
 @pytest.mark.parametrize("backend", DDP_FAMILY)
-def test_ddp_family_at_two_ranks_keeps_identical_replicas(ddp_family, backend):
-    rec = ddp_family[backend]
-    assert rec["status"] == "ok", rec["reason"]
+def test_ddp_family_at_two_ranks_keeps_identical_replicas(gpu_plan, backend):
+    rec = gpu_plan.record(f"{backend}-2ranks", backend)
     assert rec["replicas_consistent"] is True and rec["global_batch"] == 32 and rec["world_size"] == 2
     devices = [(0, 0), (1, 0)] if SHARED else [(0, 0), (1, 1)]
     assert [(m["rank"], m["device_index"]) for m in rec["memory"]] == devices
@@ -44,11 +31,8 @@ def test_ddp_family_at_two_ranks_keeps_identical_replicas(ddp_family, backend):
         assert (info["sync_batchnorm_layers"], info["grad_scaler"], info["autocast_dtype"]) == (20, True, "float16")
 
 
-def two_gpu_record(results_dir, backend, *extra):
-    proc = bench("run", "--backends", backend, "--gpus", 2, *GPU_RUN, *extra, "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "ok", rec["reason"]
+def two_gpu_record(gpu_plan, launch, backend):
+    rec = gpu_plan.record(launch, backend)
     assert rec["replicas_consistent"] is True and rec["global_batch"] == 32 and rec["world_size"] == 2
     assert [(m["rank"], m["device_index"]) for m in rec["memory"]] == [(0, 0), (1, 1)]
     assert all(m["peak_reserved_bytes"] >= m["peak_allocated_bytes"] > 0 for m in rec["memory"])
@@ -58,20 +42,17 @@ def two_gpu_record(results_dir, backend, *extra):
 
 @two_gpus("DeepSpeed")
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_deepspeed_on_two_gpus_keeps_identical_replicas(results_dir, stage):
+def test_deepspeed_on_two_gpus_keeps_identical_replicas(gpu_plan, stage):
     skip_without("deepspeed")
-    rec = two_gpu_record(results_dir, f"ds_zero{stage}")
+    rec = two_gpu_record(gpu_plan, "deepspeed-2gpus-fp32", f"ds_zero{stage}")
     assert rec["precision"] == "fp32" and rec["backend_info"]["grad_scaler"] is False
     assert rec["backend_info"]["zero_stage"] == stage
 
 
 @two_gpus("Horovod's NCCL build")
-def test_horovod_nccl_on_two_gpus(results_dir):
+def test_horovod_nccl_on_two_gpus(gpu_plan):
     skip_without("horovod")
-    proc = bench("run", "--backends", "horovod", "--gpus", 2, *GPU_RUN, "--precision", "fp16", "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "ok", rec["reason"]
+    rec = gpu_plan.record("horovod-2gpus", "horovod")
     assert rec["replicas_consistent"] is True and "NCCL" in rec["env"]["horovod"]["tensor_operations"]
 
 
@@ -99,11 +80,9 @@ def test_dataparallel_replicas_run_the_recorded_dtype(precision, dtype):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason=DP_TWO_GPUS)
-def test_dataparallel_on_two_gpus_shows_gpu0_load_and_runs_both_cudnn_settings(results_dir):
+def test_dataparallel_on_two_gpus_shows_gpu0_load_and_runs_both_cudnn_settings(gpu_plan):
     skip_without("nvml")
-    proc = bench("run", "--backends", "dp", "--gpus", 2, *GPU_RUN, "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    recs = {r["cudnn_benchmark"]: r for r in records(results_dir)}
+    recs = {r["cudnn_benchmark"]: r for r in gpu_plan.records("dp-2gpus")}
     assert set(recs) == {True, False}  # the plan adds the labelled cudnn.benchmark-off variant at N >= 2
     for rec in recs.values():
         assert rec["status"] == "ok" and rec["global_batch"] == 32
@@ -117,7 +96,7 @@ def test_dataparallel_on_two_gpus_shows_gpu0_load_and_runs_both_cudnn_settings(r
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason=DP_TWO_GPUS)
-def test_dataparallel_energy_is_summed_over_its_gpus(results_dir):
+def test_dataparallel_energy_is_summed_over_its_gpus(gpu_plan):
     skip_without("nvml")
     import backends
     from bench.core.config import RunConfig
@@ -130,13 +109,9 @@ def test_dataparallel_energy_is_summed_over_its_gpus(results_dir):
     meter = EnergyMeter(dp.devices())
     assert [d.index for d in dp.devices()] == [0, 1] and meter.reason is None
     assert len(meter.read()) == 2  # one counter per GPU the one process drives
-    # a span of over a second: NVML's counter moves every 20-100 ms, so a few tiny steps could read 0 J
-    proc = bench("run", "--backends", "dp", "--gpus", 2, "--device", "cuda", "--model", "resnet18", "--image-size", 224,
-                 "--batch-size", 64, "--warmup", 3, "--steps", 20, "--windows", 3, "--cudnn-benchmark", "on",
-                 "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "ok" and rec["energy_reason"] is None
+    # a span of over a second (the plan's dp-energy launch): NVML's counter moves every 20-100 ms
+    rec = gpu_plan.record("dp-energy", "dp")
+    assert rec["energy_reason"] is None
     span = rec["energy_span_seconds"]
     assert span > 1.0, "too short a span for the counter: lengthen the run"
     # both GPUs' counters over the whole span (test_measurement_gpu_fixes.py checks the span arithmetic): two GPUs,
@@ -149,13 +124,8 @@ def test_dataparallel_energy_is_summed_over_its_gpus(results_dir):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices: it measures NCCL, which refuses "
                                                           "two ranks on one device")
-def test_collectives_on_two_gpus_over_nccl(tmp_path):
-    proc = bench("collectives", "--gpus", 2, "--device", "cuda", "--max-bytes", "1M", "--iters", 3, "--warmup", 1,
-                 "--no-horovod", "--results", tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    import json
-
-    recs = [json.loads(p.read_text()) for p in (tmp_path / "collectives").glob("*.json")]
+def test_collectives_on_two_gpus_over_nccl(gpu_plan):
+    recs = gpu_plan.records("collectives-2gpus")
     assert recs and all(r["status"] == "ok" and r["world_size"] == 2 and r["device_type"] == "cuda" for r in recs)
     nccl = [r for r in recs if r["process_group"] == "nccl"]
     assert nccl, [r["process_group"] for r in recs]

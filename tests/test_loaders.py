@@ -387,18 +387,13 @@ def test_gpu_decode_batches_are_on_the_gpu_and_full(tree, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("loader", loaders.LOADERS)
-def test_gpu_decode_run(tree, results_dir, loader):
+def test_gpu_decode_run(gpu_plan, loader):
+    """A run decoding on the GPU (the GPU check's decode-<loader> launch, on a folder of JPEGs the plan made)."""
     if loader == "dali":
         skip_without("dali")
-    proc = bench_inproc("run", "--backends", "single", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
-                        "--image-size", "32", "--batch-size", "4", "--workers", "1", "--warmup", "2", "--steps", "2",
-                        "--windows", "2", "--data", "imagenet", "--data-dir", tree, "--loader", loader, "--decode", "gpu",
-                        "--results", results_dir)
-    assert proc.returncode == 0, proc.stderr
-    (rec,) = records(results_dir)
-    assert rec["status"] == "ok" and (rec["loader"], rec["decode"]) == (loader, "gpu")
+    rec = gpu_plan.record(f"decode-{loader}", "single")
+    assert (rec["loader"], rec["decode"], rec["device_type"]) == (loader, "gpu", "cuda")
 
 
 # ---------------------------------------------------------------------------------------------------

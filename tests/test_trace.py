@@ -403,18 +403,13 @@ def test_the_report_sets_the_trace_s_exposed_communication_beside_the_compute_on
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
-def test_a_traced_cuda_run_has_hta_s_analysis_on_every_rank(tmp_path):
-    """On a GPU machine: the trace holds the CUDA kernels, and Holistic Trace Analysis reads them in the rank."""
+def test_a_traced_cuda_run_has_hta_s_analysis_on_every_rank(gpu_plan):
+    """On a GPU machine (the GPU check's trace-hta launch): the trace holds the CUDA kernels, and Holistic Trace
+    Analysis reads them in the rank."""
     skip_without("hta")
-    from tests.conftest import bench
-    from tests.test_gpu import GPU_RUN
-
-    proc = bench("run", "--backends", "ddp", "--gpus", 1, *GPU_RUN, "--trace", 2, "--results", tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = records(tmp_path)
+    rec = gpu_plan.record("trace-hta", "ddp")
     [gpu] = rec["trace"]["gpu"]
     assert gpu.get("reason") is None and gpu["analysis"] == "holistictraceanalysis 0.5.0", gpu
     assert gpu["compute_ms"] > 0 and 0 <= gpu["idle_pct"] <= 100 and gpu["busiest_stream"] is not None
     assert traces.has_kernels(traces.load(rec["trace"]["files"][0]))
-    assert "GPU (HTA): communication kernels " in proc.stdout
+    assert "GPU (HTA): communication kernels " in gpu_plan.log("trace-hta")

@@ -341,18 +341,15 @@ def test_find_max_model_on_two_ranks_measures_the_shards_and_the_report_shows_th
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_gpt_on_a_gpu_has_its_memory_broken_down_with_activations(tmp_path):
-    """On a GPU: tokens/s, MFU from the FLOP counter, and the per-rank breakdown with the rest of the peak
-    (activations and buffers) measured against the device's peak allocated bytes."""
-    proc = bench("run", "--backends", "ddp,fsdp2", "--gpus", 1, "--device", "cuda", "--model", "gpt-tiny", "--seq-len",
-                 256, "--batch-size", 8, "--warmup", 3, "--steps", 3, "--windows", 2, "--results", tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_a_gpt_on_a_gpu_has_its_memory_broken_down_with_activations(gpu_plan):
+    """On a GPU (the GPU check's gpt-memory launch: ddp and fsdp2): tokens/s, MFU from the FLOP counter, and the
+    per-rank breakdown with the rest of the peak (activations and buffers) measured against the device's peak
+    allocated bytes."""
     from backends import models
 
     # AdamW keeps two fp32 moments per element and a 4-byte `step` tensor per parameter tensor
     tensors = len(list(models.workload("gpt-tiny", None, 256, False).build().parameters()))
-    for rec in records(tmp_path):
+    for rec in [gpu_plan.record("gpt-memory", b) for b in ("ddp", "fsdp2")]:
         [state] = rec["state_bytes"]
         params = workloads.gpt_parameters("gpt-tiny", 256)
         assert state["parameters"] == 4 * params, rec["backend"]

@@ -52,6 +52,9 @@ class Session:
     def driver(self) -> str:
         return self._text(self._call("driver version", self._lib.nvmlSystemGetDriverVersion))
 
+    def memory_total(self, index: int) -> int:
+        return int(self._call("memory info", self._lib.nvmlDeviceGetMemoryInfo, self._handle(index)).total)
+
     def memory_used(self, index: int) -> int:
         """Bytes in use on the whole GPU, every process's (what nvidia-smi shows)."""
         return int(self._call("memory info", self._lib.nvmlDeviceGetMemoryInfo, self._handle(index)).used)

@@ -2,12 +2,9 @@
 default precision recorded all the same; on a GPU, bf16 autocast with SyncBatchNorm and no GradScaler. The contract
 (test_contract.py) checks its skip at 2 ranks."""
 import pytest
-import torch
 
 from backends.ddp_amp_syncbn import SYNCBN_CPU
 from tests.conftest import TINY, bench_inproc, records
-
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir):
@@ -19,16 +16,12 @@ def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir):
     assert "SyncBatchNorm layers only work with GPU modules" in proc.stdout
 
 
-@gpu
 @pytest.mark.gpu
-def test_amp_syncbn_bf16_on_one_gpu(results_dir):
-    """bf16 autocast with SyncBatchNorm and no GradScaler (fp16 is covered by tests/test_gpu.py)."""
-    proc = bench_inproc("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, "--device", "cuda", "--model", "resnet18",
-                        "--image-size", 64, "--batch-size", 8, "--warmup", 2, "--steps", 3, "--windows", 3,
-                        "--precision", "bf16", "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "ok" and rec["precision"] == "bf16" and rec["device_type"] == "cuda"
+def test_amp_syncbn_bf16_on_one_gpu(gpu_plan):
+    """bf16 autocast with SyncBatchNorm and no GradScaler (the GPU check's ddp_amp_syncbn-bf16 launch; fp16 is covered
+    by tests/test_gpu.py)."""
+    rec = gpu_plan.record("ddp_amp_syncbn-bf16", "ddp_amp_syncbn")
+    assert rec["precision"] == "bf16" and rec["device_type"] == "cuda"
     info = rec["backend_info"]
     assert (info["process_group"], info["autocast_dtype"], info["grad_scaler"]) == ("nccl", "bfloat16", False)
     assert info["sync_batchnorm_layers"] == 20 and rec["skipped_steps"] is None

@@ -12,7 +12,7 @@ import backends
 from backends import deepspeed_zero
 from backends.base import SGD
 from bench.rank import train
-from tests.conftest import TINY, bench, bench_inproc, records, skip_without, two_gpus
+from tests.conftest import TINY, bench_inproc, records, skip_without, two_gpus
 from tests.fakes import built, cfg_for, fake_init, norm_model
 
 
@@ -212,16 +212,10 @@ def test_deepspeed_half_precision_trains_evaluates_and_verify_says_why_it_has_no
 
 @two_gpus("DeepSpeed")
 @pytest.mark.gpu
-def test_deepspeed_fp16_on_two_gpus_reduces_in_fp32_and_counts_its_skips(results_dir):
+def test_deepspeed_fp16_on_two_gpus_reduces_in_fp32_and_counts_its_skips(gpu_plan):
     skip_without("deepspeed")
-    proc = bench("run", "--backends", "ds_zero1,ds_zero2,ds_zero3", "--gpus", 2, "--device", "cuda", "--model",
-                 "resnet18", "--image-size", "64", "--batch-size", "16", "--warmup", "3", "--steps", "3",
-                 "--windows", "3", "--precision", "fp16", "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    recs = {r["backend"]: r for r in records(results_dir)}
     for stage in (1, 2, 3):
-        rec = recs[f"ds_zero{stage}"]
-        assert rec["status"] == "ok", rec["reason"]
+        rec = gpu_plan.record("deepspeed-2gpus-fp16", f"ds_zero{stage}")
         info = rec["backend_info"]
         assert (info["grad_reduce_dtype"], info["overlap_comm"], info["throughput_timer"]) == ("float32", True, "off")
         assert info["grad_norm"] == ("computed" if stage == 3 else "skipped")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import backends
 from backends import fsdp2
 from backends.base import SGD
-from tests.conftest import bench, records, two_gpus
+from tests.conftest import two_gpus
 from tests.fakes import cfg_for, norm_model, tiny_batches, tiny_model
 
 pytestmark = pytest.mark.mutation
@@ -152,13 +152,8 @@ def test_fsdp2_compute_only_step_gives_unreduced_parameters_a_local_zero_gradien
 
 @two_gpus("FSDP2")
 @pytest.mark.gpu
-def test_fsdp2_fp16_on_two_gpus_measures_compute_only(results_dir):
-    proc = bench("run", "--backends", "fsdp2", "--gpus", 2, "--device", "cuda", "--model", "resnet18",
-                 "--image-size", "64", "--batch-size", "16", "--warmup", "3", "--steps", "3", "--windows", "3",
-                 "--precision", "fp16", "--results", results_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (rec,) = records(results_dir)
-    assert rec["status"] == "ok", rec["reason"]
+def test_fsdp2_fp16_on_two_gpus_measures_compute_only(gpu_plan):
+    rec = gpu_plan.record("fsdp2-2gpus-fp16", "fsdp2")
     assert rec["backend_info"]["grad_scaler"] is True and rec["backend_info"]["param_dtype"] == "float16"
     assert rec["compute_only"]["measured"] is True and len(rec["compute_only_window_seconds"]) == 3
     assert rec["replicas_consistent"] is True
