@@ -305,3 +305,47 @@ def test_the_gpu_only_lines_are_the_cuda_branches_and_the_seam():
     assert got["logic"] == [5, 7, 12, 13] and got["seam"] == []
     assert got["other"] == [1, 2, 3, 4, 6, 8, 9, 10, 11]
     assert tool.classify("bench/core/cuda.py", source, {5, 7}) == {"seam": [5, 7], "logic": [], "other": []}
+
+
+@pytest.mark.slow
+def test_each_launcher_s_command_and_environment_on_a_cuda_machine(monkeypatch, tmp_path):
+    """Every launcher's command line and environment for CUDA runs on 2 fake GPUs, the process trees not started:
+    in process (single, dp), torchrun (ddp), mp.spawn (ddp_spawn). (horovodrun's on CUDA needs a build with NCCL
+    operations, which a CPU machine's is not: its run is skipped before launch, with that reason.)"""
+    import sys
+
+    from bench.launch import run as launch_run
+
+    FakeGpuMachine().install(monkeypatch)
+    launched = {}
+
+    def run_group(cmd, env, log_path, timeout):
+        name = Path(log_path).name.split("-")[1]
+        launched.setdefault(name, []).append((cmd, env))
+        return 1, False  # exit 1, not timed out: the record says failed
+
+    monkeypatch.setattr(launch_run, "run_group", run_group)
+    names = ["single", "dp", "ddp", "ddp_spawn"]
+    proc = bench_inproc("run", "--device", "cuda", "--backends", ",".join(names), "--gpus", "1,2", "--model",
+                        "resnet18", "--image-size", "32", "--batch-size", "2", "--warmup", "2", "--steps", "1",
+                        "--windows", "1", "--results", tmp_path / "raw")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    py = sys.executable
+    expected = {
+        "single": [[py, "-m", "bench.rank", "--spec"]],
+        "dp": [[py, "-m", "bench.rank", "--spec"]] * 3,  # 1 GPU; 2 GPUs with cudnn.benchmark on and off
+        "ddp": [[py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", "bench.rank",
+                 "--spec"] for n in (1, 2)],
+        "ddp_spawn": [[py, "-m", "bench.rank", "--spec"]] * 2,
+    }
+    assert {k: [cmd[:cmd.index("--spec") + 1] for cmd, _ in v] for k, v in launched.items()} == expected
+    for name, calls in launched.items():
+        for cmd, env in calls:
+            spec = json.loads(Path(cmd[cmd.index("--spec") + 1]).read_text())
+            assert spec["config"]["device_type"] == "cuda" and spec["env"]["gpu_names"] == ["NVIDIA H100 80GB HBM3"] * 2
+            assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO) and env["BENCH_RUN_ID"] == spec["run_id"]
+            ranks = 1 if spec["config"]["launcher"] == "inproc" else spec["config"]["world_size"]
+            assert env["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // ranks)), name
+        if name == "ddp_spawn":
+            assert [cmd[-1] for cmd, _ in calls] == ["1", "2"]  # --spawn N
+    assert {r["status"] for r in records(tmp_path / "raw")} == {"failed"}
