@@ -302,9 +302,9 @@ def test_the_gpu_only_lines_are_the_cuda_branches_and_the_seam():
         "    return error_path(x, y)\n")              # 13 GPU-only (after the guard)
     missed = set(range(1, 14))
     got = tool.classify("bench/x.py", source, missed)
-    assert got["logic"] == [5, 7, 12, 13] and got["seam"] == []
+    assert got["call"] == [5, 12] and got["logic"] == [7, 13] and got["seam"] == []  # 5, 12: one device call alone
     assert got["other"] == [1, 2, 3, 4, 6, 8, 9, 10, 11]
-    assert tool.classify("bench/core/cuda.py", source, {5, 7}) == {"seam": [5, 7], "logic": [], "other": []}
+    assert tool.classify("bench/core/cuda.py", source, {5, 7}) == {"seam": [5, 7], "call": [], "logic": [], "other": []}
 
 
 @pytest.mark.slow
