@@ -42,7 +42,8 @@ MIN_RUN_S = 45  # a measured run given less than this would only measure start-u
 TESTS_S = 90.0  # what the gpu tests need once the plan ran (they read records): collection, a few in-process checks
 GiB = 1024 ** 3
 BUDGET = gpu_plan.NOT_RUN
-HOROVOD_BUILD = "make horovod: minutes of compiling against this torch; make gpu-check FULL=1 builds it first"
+# measured: 189 s for the CPU build on 2 cores (docs/gpu-machine.md); a build with CUDA's NCCL operations compiles more
+HOROVOD_BUILD = "make horovod, about 3 min on 2 cores for the CPU build, more with CUDA; make gpu-check FULL=1 builds it"
 SIGINT_GRACE_S = 30.0  # pytest's time to write its summary and JUnit XML after SIGINT
 
 
