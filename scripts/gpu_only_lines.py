@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SEAM = ("bench/core/cuda.py", "bench/core/nvml.py")
-GPU_WORDS = re.compile(r"\bcuda\b|\bnccl\b|\bgpus?\b|nvml|is_available", re.IGNORECASE)
+GPU_WORDS = re.compile(r"\bcuda\b|\bnccl\b|nvml|is_available", re.IGNORECASE)  # not "gpus": --gpus counts ranks
 DEVICE_CALL = re.compile(r"\b(cuda|nvml)\.[a-z_]+\(|torch\.cuda\.")
 # a line that is one device library call and nothing else: `cuda.synchronize(d)`, `x = torch.cuda.max_memory_allocated()`
 LIBRARY_CALL = re.compile(r"^\s*(return\s+|[\w.\[\]\"', ]+\s*=\s*)?(torch\.cuda|torch\.backends\.cud\w+|cuda|nvml)\.[\w.]+"
@@ -45,15 +45,30 @@ def gpu_guarded_lines(source: str) -> set[int]:
             out.update(range(n.lineno, (n.end_lineno or n.lineno) + 1))
         return out
 
+    def negative(test) -> bool:
+        text = ast.unparse(test)
+        return "!=" in text or text.startswith("not ") or " not in " in text
+
+    def branches(test) -> tuple[bool, bool]:
+        """(the body runs only on a GPU, the else and a guard clause's rest run only on a GPU)."""
+        if isinstance(test, ast.BoolOp):
+            gpu = [v for v in test.values if GPU_WORDS.search(ast.unparse(v))]
+            if isinstance(test.op, ast.And):  # every operand holds in the body
+                return any(not negative(v) for v in gpu), False
+            return False, any(negative(v) for v in gpu)  # or: every operand fails in the else
+        return (False, True) if negative(test) else (True, False)
+
     def visit_block(body):
         for i, node in enumerate(body):
             if isinstance(node, (ast.If, ast.While)) and GPU_WORDS.search(ast.unparse(node.test)):
-                test = ast.unparse(node.test)
-                negative = "!=" in test or test.startswith("not ") or " not in " in test
-                lines.update(span(node.orelse) if negative else span(node.body))
-                leaves = node.body and isinstance(node.body[-1], (ast.Continue, ast.Return, ast.Raise, ast.Break))
-                if negative and leaves and not node.orelse:
-                    lines.update(span(body[i + 1:]))  # the rest of the block runs only on a GPU
+                in_body, in_else = branches(node.test)
+                if in_body:
+                    lines.update(span(node.body))
+                if in_else:
+                    lines.update(span(node.orelse))
+                    leaves = node.body and isinstance(node.body[-1], (ast.Continue, ast.Return, ast.Raise, ast.Break))
+                    if leaves and not node.orelse:
+                        lines.update(span(body[i + 1:]))  # the rest of the block runs only on a GPU
             for field in ("body", "orelse", "finalbody"):
                 block = getattr(node, field, None)
                 if isinstance(block, list) and block and isinstance(block[0], ast.stmt):

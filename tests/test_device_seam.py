@@ -305,6 +305,15 @@ def test_the_gpu_only_lines_are_the_cuda_branches_and_the_seam():
     assert got["call"] == [5, 12] and got["logic"] == [7, 13] and got["seam"] == []  # 5, 12: one device call alone
     assert got["other"] == [1, 2, 3, 4, 6, 8, 9, 10, 11]
     assert tool.classify("bench/core/cuda.py", source, {5, 7}) == {"seam": [5, 7], "call": [], "logic": [], "other": []}
+    guards = (
+        "def g(device_type, n, per_gpu):\n"          # 1
+        "    if per_gpu > 1 and device_type != 'cuda':\n"  # 2
+        "        raise ValueError('cpu')\n"           # 3
+        "    x = plan(n)\n"                           # 4  either device: 'and' leaves on a CPU only with per_gpu > 1
+        "    if device_type != 'cuda' or n < 1:\n"    # 5
+        "        return []\n"                         # 6
+        "    return x\n")                             # 7  GPU-only: 'or' left for every CPU run
+    assert tool.classify("bench/y.py", guards, set(range(1, 8)))["logic"] == [7]
 
 
 @pytest.mark.slow
