@@ -65,7 +65,7 @@ def settings(cfg: dict, threads: int) -> dict:
            "channels_last": bool(o.get("channels_last")), "compile": bool(o.get("compile")),
            "device": cfg["device_type"], "cudnn_benchmark": cfg.get("cudnn_benchmark"), "threads": threads,
            "seed": cfg.get("seed", 0), "warmup": cfg["warmup"], "settle": SETTLE_STEPS, "steps": cfg["steps"],
-           "windows": cfg["windows"]}
+           "windows": cfg["windows"], "optimizer_impl": o.get("optimizer_impl")}
     if workloads.of_record(cfg).kind == "language":
         out["gpt"] = list(workloads.GPT_SIZES[cfg["model"]])  # layers, width, heads, vocabulary
     return out
@@ -78,7 +78,7 @@ def key(rec: dict, hardware: str | None = None) -> tuple:
     w = workloads.of_record(rec)
     return (w.model, w.image_size, w.seq_len, w.optimizer, rec["precision"], rec["batch_per_device"],
             rec.get("data") or "synthetic", rec["device_type"], hardware or results.hardware(rec),
-            rec.get("cudnn_benchmark"), bool(o.get("channels_last")), bool(o.get("compile")))
+            rec.get("cudnn_benchmark"), bool(o.get("channels_last")), bool(o.get("compile")), o.get("optimizer_impl"))
 
 
 def speeds(rec: dict, timing: str, field: str | None = None) -> np.ndarray | None:

@@ -27,7 +27,8 @@ def skeleton(cfg: RunConfig, run_id: str, env: dict) -> dict:
             "batch_per_device": cfg.batch_size, "global_batch": cfg.batch_size, "world_size": 1,
             "warmup_steps": cfg.warmup, "settle_steps": reference.SETTLE_STEPS, "steps_per_window": cfg.steps,
             "windows": cfg.windows, "data": cfg.data, "device_type": cfg.device_type,
-            "options": {k: True for k in ("channels_last", "compile") if o.get(k)},
+            "options": {**{k: True for k in ("channels_last", "compile") if o.get(k)},
+                        **({"optimizer_impl": o["optimizer_impl"]} if o.get("optimizer_impl") else {})},
             "cudnn_benchmark": cfg.cudnn_benchmark, "repeat_index": cfg.repeat_index, "repeats": cfg.repeats,
             "window_seconds": [], "window_cpu_seconds": [], "throughput": None, "throughput_ci95": None, "env": env,
             "hardware": results.hardware({"device_type": cfg.device_type, "env": env})}  # a GPU's: its own, once run
