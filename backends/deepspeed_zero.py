@@ -6,7 +6,11 @@ layer for forward and backward). The config is built from the run: micro-batch =
 gradient accumulation 1, ``train_batch_size`` = micro-batch x world size (DeepSpeed asserts the product), the
 suite's optimizer (``zero_allow_untested_optimizer``; fused where torch has it, as every backend: backends/base.py),
 no gradient clipping (DeepSpeed's default clips the norm to 1.0, which no other backend does). On CPU,
-``DS_ACCELERATOR=cpu``.
+``DS_ACCELERATOR=cpu`` and ``PYTORCH_NVML_BASED_CUDA_CHECK=0`` (``cpu_environment``): ``import deepspeed`` sets the
+latter to 1 (so that ``torch.cuda.is_available()`` asks NVML instead of initialising CUDA before a fork), and on a
+machine with no NVML every such call, several per training step, then tries to load libnvidia-ml again: a few hundred
+µs a step on the CPU, charged to whatever trains in the process, that no GPU run pays (CUDA is initialised there and
+torch caches the device count).
 
 Precision, ``--ds-mp`` (recorded as ``backend_info.mixed_precision``):
 
@@ -69,6 +73,13 @@ DS_MP = Knob("ds_mp", "DeepSpeed at bf16/fp16: autocast (default: its torch_auto
              off=(None, False, "none", "autocast"))
 
 
+def cpu_environment() -> None:
+    """DeepSpeed on a CPU: its CPU accelerator, and torch's own CUDA check instead of the NVML one ``import deepspeed``
+    asks for (module docstring). Before deepspeed is imported; a value the user set stays."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
+
+
 class DeepSpeedZero(DDP):
     # DeepSpeed compiles through its own engine.compile(), not offered here
     knobs = (DS_BUCKET_MB, DS_MP, CHANNELS_LAST, ACTIVATION_CHECKPOINTING, OPTIMIZER_IMPL)
@@ -90,12 +101,12 @@ class DeepSpeedZero(DDP):
 
     def unavailable(self, cfg):
         if cfg.device_type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
+            cpu_environment()  # before deepspeed is imported
         return problem() or super().unavailable(cfg)
 
     def setup(self, cfg):
         if cfg.device_type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            cpu_environment()
         import deepspeed
 
         deepspeed.utils.logger.setLevel(logging.WARNING)  # the harness prints; DeepSpeed's INFO lines go nowhere

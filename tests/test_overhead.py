@@ -43,6 +43,10 @@ def test_every_backend_is_timed_beside_single_in_one_record(overhead):
     assert "| backend | host µs / step (CPU) | wall µs / step | vs single | note |" in out
     assert rows["fsdp2"]["backend_info"]["reshard_after_forward"] == "never"  # world size 1
     assert rows["fsdp2"]["backend_info"]["fsdp_groups"] == 4  # three blocks and the root
+    # ZeRO-3 replaces torch.nn.functional.linear for the whole process: put back only while ds_zero3 is timed
+    assert {name: row["patches"] for name, row in rows.items() if row["status"] == "ok" and row["patches"]} == (
+        {"ds_zero3": ["torch.nn.functional.linear"]} if rows["ds_zero3"]["status"] == "ok" else {})
+    assert {row["backend_info"]["optimizer_impl"] for row in rows.values() if row["status"] == "ok"} == {"fused"}
 
 
 @pytest.mark.slow
@@ -81,3 +85,27 @@ def test_bad_input_is_one_line(capsys):
     assert (code, err) == (2, "bench: error: --steps must be a positive integer, got 0\n")
     code, err = cli_error(capsys, "overhead", "--backends", "nope")
     assert code == 2 and err.startswith("bench: error: unknown backend nope; choose from single, dp,")
+
+
+@pytest.mark.mutation
+def test_a_backends_process_wide_patch_is_applied_only_while_it_is_timed():
+    """One process times every backend: a function one backend replaces for the whole process (DeepSpeed ZeRO-3's
+    torch.nn.functional.linear) must not slow the others' steps."""
+    import torch
+
+    from bench.rank import overhead
+
+    pristine = overhead.patch_points()
+    mine = lambda *a, **k: None  # noqa: E731 - what a backend puts in place of F.linear
+    original = torch.nn.functional.linear
+    try:
+        torch.nn.functional.linear = mine
+        own = overhead.replaced(pristine, overhead.patch_points())
+        assert own == {(torch.nn.functional, "linear"): mine}
+        assert [overhead.patch_name(k) for k in own] == ["torch.nn.functional.linear"]
+        overhead.apply({k: pristine[k] for k in own})  # undone for the other backends
+        assert torch.nn.functional.linear is original
+        overhead.apply(own)  # its own, while it is timed
+        assert torch.nn.functional.linear is mine
+    finally:
+        torch.nn.functional.linear = original

@@ -118,10 +118,16 @@ def test_deepspeed_is_told_to_use_the_cpu_only_on_cpu(monkeypatch):
     import os
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     deepspeed_setup(monkeypatch, 1, "fp32", device_type="cuda")
-    assert "DS_ACCELERATOR" not in os.environ
+    # on a GPU DeepSpeed's own choice stands (1, set by its import: no CUDA context before a fork)
+    assert "DS_ACCELERATOR" not in os.environ and os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "0"
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     deepspeed_setup(monkeypatch, 1, "fp32")
     assert os.environ["DS_ACCELERATOR"] == "cpu"
+    # import deepspeed sets it to 1 when unset: then every torch.cuda.is_available() on a machine without NVML loads
+    # libnvidia-ml again (several times a training step), a cost charged to whatever trains in the process
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "0" and not torch.cuda._nvml_based_avail()
 
 
 @pytest.mark.mutation
