@@ -106,6 +106,29 @@ class Backend:
         """What this backend adds to the record's ``env`` (its build: Horovod's), read once per sweep."""
         return {}
 
+    # bench run --reference: this backend's own plain loop at world size 1 (bench/twins/<twin_loop>.py), or None where
+    # it has none short enough to write plainly (it is then compared with the plain loop, single's, as a whole);
+    # ``twin_knobs``: its own knobs that loop reproduces (any other of its knobs given: no twin of its own)
+    twin_loop: str | None = None
+    twin_knobs: tuple[str, ...] = ()
+
+    def twin(self, cfg) -> dict | None:
+        """The settings of this backend's own plain loop for ``cfg`` (``name``: the file in bench/twins/, and what it
+        must reproduce), or None: none of its own here (no loop written, a knob of its own the loop does not
+        reproduce, or --compile, which the backends' loops do not compile as the backend does)."""
+        options = cfg.options or {}
+        common = {k.key for k in COMMON_KNOBS}
+        foreign = [k for k in options if k not in common and k not in self.twin_knobs and options[k] not in
+                   (None, False, "none", "default")]
+        if self.twin_loop is None or foreign or (options.get("compile") and self.twin_loop != "plain"):
+            return None
+        return {"name": self.twin_loop, **self.twin_settings(cfg)}
+
+    def twin_settings(self, cfg) -> dict:
+        """What this backend's loop must reproduce of ``cfg`` beyond the workload's settings (FSDP2's precision mode
+        and reshard policy, DeepSpeed's config)."""
+        return {}
+
     def no_verify_reference(self, precision: str) -> str | None:
         """Why ``bench verify`` has no reference for this backend at ``precision`` (None: it has one)."""
         return None

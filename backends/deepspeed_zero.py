@@ -86,6 +86,10 @@ class DeepSpeedZero(DDP):
 
     no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
                        "gradient partitioning")
+    twin_loop, twin_knobs = "ds_zero", ("ds_bucket_mb", "ds_mp")  # bench/twins/ds_zero.py: the engine's own loop
+
+    def twin_settings(self, cfg):
+        return {"config": self.config(cfg, 1)[2]}  # the twin trains at world size 1
 
     def no_verify_reference(self, precision: str) -> str | None:
         """bench verify runs the default, autocast, which its single reference reproduces; --ds-mp params is never
@@ -112,16 +116,33 @@ class DeepSpeedZero(DDP):
         deepspeed.utils.logger.setLevel(logging.WARNING)  # the harness prints; DeepSpeed's INFO lines go nowhere
         self.init_process_group(cfg)
         model = contiguous_parameters(build_model(cfg).to(self.device), cfg)  # DeepSpeed views them as bytes
-        self.bucket_elements = int(((cfg.options or {}).get("ds_bucket_mb") or DEFAULT_BUCKET_MB) * 2 ** 20 // 4)
-        self.mixed_precision = (cfg.options or {}).get("ds_mp") or "autocast"
+        self.bucket_elements, self.mixed_precision, config = self.config(cfg, self.world_size)
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(cfg, model.parameters()),
+                                                       config=config, dist_init_required=False)
+        self.engine = self.model = engine
+        self.module, self.optimizer = engine.module, optimizer
+        self.buffers_cast = self._half_norm_buffers()
+        self.autocast_dtype, self.scaler = None, None  # DeepSpeed casts the model and scales the loss itself
+        self.device_type, self.feed_batch, self.data_device = cfg.device_type, cfg.batch_size, self.device
+        self.options = dict(cfg.options or {})
+        sections = config[cfg.precision]["enabled"] if cfg.precision in AUTOCAST_DTYPES else False
+        self.input_dtype = AUTOCAST_DTYPES[cfg.precision] if sections else torch.float32
+        self.workload = models.for_config(cfg)
+
+    def config(self, cfg, world_size: int) -> tuple[int, str, dict]:
+        """The DeepSpeed config of ``cfg`` at ``world_size`` (with its bucket size in elements and the mixed precision
+        mode): what setup hands deepspeed.initialize, and what this backend's plain twin reads (bench/twins/ds_zero.py,
+        as a DeepSpeed script reads its ds_config.json)."""
+        bucket_elements = int(((cfg.options or {}).get("ds_bucket_mb") or DEFAULT_BUCKET_MB) * 2 ** 20 // 4)
+        mixed_precision = (cfg.options or {}).get("ds_mp") or "autocast"
         half = cfg.precision in AUTOCAST_DTYPES
-        sections = self.mixed_precision == "params" and half  # DeepSpeed's fp16/bf16 sections: half parameters
-        config = {
-            "train_batch_size": cfg.batch_size * self.world_size,
+        sections = mixed_precision == "params" and half  # DeepSpeed's fp16/bf16 sections: half parameters
+        return bucket_elements, mixed_precision, {
+            "train_batch_size": cfg.batch_size * world_size,
             "train_micro_batch_size_per_gpu": cfg.batch_size,
             "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": self.stage, "reduce_bucket_size": self.bucket_elements,
-                                  "allgather_bucket_size": self.bucket_elements,
+            "zero_optimization": {"stage": self.stage, "reduce_bucket_size": bucket_elements,
+                                  "allgather_bucket_size": bucket_elements,
                                   # off by default at stages 1-2 (zero/config.py overlap_comm_valid); DDP overlaps
                                   "overlap_comm": True,
                                   # the global norm exists for clipping, which is off; stages 1-2 can skip it
@@ -145,17 +166,6 @@ class DeepSpeedZero(DDP):
             "steps_per_print": 2 ** 31 - 1,
             "wall_clock_breakdown": False,
         }
-        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(cfg, model.parameters()),
-                                                       config=config, dist_init_required=False)
-        self.engine = self.model = engine
-        self.module, self.optimizer = engine.module, optimizer
-        self.buffers_cast = self._half_norm_buffers()
-        self.autocast_dtype, self.scaler = None, None  # DeepSpeed casts the model and scales the loss itself
-        self.device_type, self.feed_batch, self.data_device = cfg.device_type, cfg.batch_size, self.device
-        self.options = dict(cfg.options or {})
-        self.input_dtype = AUTOCAST_DTYPES.get(cfg.precision, torch.float32) if sections else torch.float32
-        self.torch_autocast = half and not sections
-        self.workload = models.for_config(cfg)
 
     def _half_norm_buffers(self) -> int:
         """DeepSpeed >= 0.19 casts the parameters only and keeps buffers fp32, so BatchNorm met half weights with fp32

@@ -87,6 +87,11 @@ class FSDP2(DDP):
         return super().unavailable(cfg)
     compile_mode = "per block"
     meta_init = True  # --find-max-model's probes build on the meta device (setup)
+    twin_loop, twin_knobs = "fsdp2", ("fsdp_mp", "fsdp_reshard")  # bench/twins/fsdp2.py: torchtitan's apply_fsdp
+
+    def twin_settings(self, cfg):
+        o = cfg.options or {}
+        return {"mp": o.get("fsdp_mp") or "autocast", "reshard": RESHARD.get(o.get("fsdp_reshard")) or reshard_policy(1)}
 
     def setup(self, cfg):
         from torch.distributed.device_mesh import init_device_mesh
