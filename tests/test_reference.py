@@ -396,6 +396,38 @@ def test_a_backends_gap_splits_into_the_librarys_price_and_the_harnesss_part(tmp
             "(+4.0 to +4.0%), CPU time.") in md
 
 
+def test_the_report_says_host_bound_beside_the_number_and_names_what_is_left_of_a_sharded_gap(tmp_path):
+    """Issue 46, items 4 and 5, on hand-built CUDA records: fsdp2 at world size 1 host-bound in 2 of its 3 runs and
+    traced, single not: the throughput cell says "(host-bound)", a note says by how much, and fsdp2's gap from single is
+    explained by its trace's library ranges, with their ms per step."""
+    from tests.test_report import make, run_report, write
+
+    ranges = {"FSDP::pre_forward": 2.96, "FSDP::post_backward_reduce": 7.35, "Optimizer.step#AdamW.step": 4.1,
+              "aten::copy_": 9.0}
+    trace = {"files": ["/r/x.rank0.trace.json.gz"], "bytes": [1000], "steps": 2, "profiled_seconds": 0.3,
+             "export_seconds": 0.1, "reasons": [], "phase_ms_per_step": [{"forward": 10.0, "backward": 20.0}],
+             "step_ms": [[40.0, 42.0]], "slowest_rank_per_step": [0, 0], "timeline": [None],
+             "library_ms_per_step": [ranges]}
+    recs = []
+    for i, bound in enumerate((True, True, False)):
+        recs.append(make("fsdp2", 1, 600.0, stamp=f"2026010{i}T000000Z", host_bound=bound,
+                         host_over_gpu=0.97 if bound else 0.5, trace=trace if i == 2 else None))
+        recs.append(make("single", 1, 1000.0, stamp=f"2026010{i}T000000Z", host_bound=False, host_over_gpu=0.3))
+    assert run_report(write(tmp_path, *recs), tmp_path / "rep")[0] == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    fsdp2 = [ln for ln in md.splitlines() if ln.startswith("| fsdp2 | 1 | fp32 |")][0]
+    assert "600.0 img/s ⚠ (host-bound)" in fsdp2  # ⚠: 0.6x single at world size 1 (same computation apart)
+    single = [ln for ln in md.splitlines() if ln.startswith("| **single** ★ | 1 | fp32 |")][0]
+    assert "host-bound" not in single
+    assert ("- `fsdp2` ×1 fp32: host-bound in 2 of 3 run(s): the host took 97% of the GPU's time to enqueue each "
+            "window's steps") in md
+    assert ("- `fsdp2` ×1 fp32 runs at 0.60× single's throughput: at world size 1 nothing is sharded or communicated, "
+            "and what is left is fsdp2's own work per step, named by its trace (rank 0, ms per traced step of 41.0): "
+            "`FSDP::pre_forward` 3.0 ms (every parameter cast and copied into the unsharded buffer each step, and the "
+            "group's hooks); `FSDP::post_backward_reduce` 7.3 ms (gradients copied into and out of the reduce-scatter "
+            "buffer and wrapped as DTensors); `Optimizer.step#AdamW.step` 4.1 ms (the optimizer on DTensors") in md
+
+
 def test_reference_is_refused_where_nothing_is_timed(capsys):
     code, err = cli_error(capsys, "run", "--backends", "single", "--device", "cpu", "--find-max-batch", "--reference")
     assert (code, err) == (2, "bench: error: --reference compares timed runs with their plain twins; "

@@ -211,7 +211,7 @@ def test_deepspeed_skipped_steps_are_its_own_count_not_the_scale_ratio():
     engine = HysteresisEngine()
     b.engine, b.optimizer = engine, engine  # loss_scale reads optimizer.cur_scale
     b.train = lambda steps: [engine.overflow_step() for _ in range(steps)]
-    b.batches, b.barrier = None, lambda: None  # no process group here
+    b.batches, b.barrier, b.device = None, lambda: None, torch.device("cpu")  # no process group here
     cfg = types.SimpleNamespace(windows=3, steps=4)
     meter = types.SimpleNamespace(read=lambda: None)
     out = train.windows(b, cfg, lambda: None, meter, waited=False)

@@ -68,6 +68,11 @@ def config_fields(ok: list[dict]) -> dict:
                    graphs_compiled_in_windows=max(g["graphs_compiled_in_windows"] for g in graphs))
     kernels = {k for r in ok for k in (r.get("sdpa") or {}).get("kernels") or []}
     out["sdpa_kernels"] = ", ".join(sorted(kernels)) or None
+    # CUDA: whether the GPU waited for the host (bench/rank/train.py host_bound), in how many of the runs
+    judged = [r for r in ok if r.get("host_bound") is not None]
+    out["host_bound_runs"] = sum(bool(r["host_bound"]) for r in judged) if judged else None
+    out["host_over_gpu"] = float(np.median([r["host_over_gpu"] for r in judged])) if judged else None
+    out["host_bound"] = bool(judged) and 2 * out["host_bound_runs"] > len(judged)  # most of its runs
     return out
 
 
@@ -161,9 +166,67 @@ def compile_table(ok: list[dict]) -> list[str]:
                      body, {1, 3, 4, 5, 6, 7, 8}), ""]
 
 
-def notes(ok: list[dict]) -> list[str]:
-    """A line for every compiled configuration slower than eager, and for graphs compiled inside a window."""
+# What a sharded backend does at world size 1 that single does not, by the library range that shows it in a trace
+# (bench run --trace; bench/core/traces.py keeps each rank's library ranges, ms per step): nothing is sharded or
+# communicated there, so this is what is left of its gap (FSDP2: _fsdp_param_group.py, _fsdp_collectives.py).
+INHERENT = (
+    ("FSDP::pre_forward", "every parameter cast and copied into the unsharded buffer each step, and the group's hooks"),
+    ("FSDP::post_backward_reduce", "gradients copied into and out of the reduce-scatter buffer and wrapped as DTensors"),
+    ("FSDP::post_backward_reshard", "the unsharded parameters freed after backward, to be copied in again next step"),
+    ("Optimizer.step#", "the optimizer on DTensors (each operation dispatched through DTensor's sharding rules)"),
+)
+SHARDED = ("fsdp2", "ds_zero1", "ds_zero2", "ds_zero3", "ddp_zero")
+
+
+def gap_lines(ok: list[dict]) -> list[str]:
+    """For each sharded backend at world size 1 beside single@1 (same precision and options) and traced: its gap
+    from single, and what is left of it named from its trace's library ranges, with their ms per traced step."""
     out = []
+    singles = {(r["precision"], json.dumps(_common(r), sort_keys=True)): r for r in ok
+               if r["backend"] == BASELINE and r["world_size"] == 1 and r.get("global_img_s")}
+    for r in ok:
+        if r["backend"] not in SHARDED or r["world_size"] != 1 or not r.get("global_img_s"):
+            continue
+        base = singles.get((r["precision"], json.dumps(_common(r), sort_keys=True)))
+        traced = [rec["trace"] for rec in r["_recs"] if rec.get("status") == "ok" and rec.get("trace")]
+        ranges = ((traced[-1].get("library_ms_per_step") or [{}])[0]) if traced else {}
+        if base is None or not ranges:
+            continue
+        named = []
+        for prefix, what in INHERENT:
+            for name, ms in sorted(ranges.items(), key=lambda kv: -kv[1]):
+                if name.startswith(prefix):
+                    named.append(f"`{name}` {ms:.1f} ms ({what})")
+        if not named:
+            continue
+        step = (traced[-1].get("step_ms") or [[]])[0]
+        out.append(f"- `{label(r)}` ×1 {r['precision']} runs at {r['global_img_s'] / base['global_img_s']:.2f}× "
+                   f"single's throughput: at world size 1 nothing is sharded or communicated, and what is left is "
+                   f"{r['backend']}'s own work per step, named by its trace (rank 0, ms per traced step"
+                   + (f" of {sum(step) / len(step):.1f}" if step else "") + "): " + "; ".join(named) + ".")
+    return out
+
+
+def _common(r: dict) -> dict:
+    """A row's options that make two backends the same computation (memory format, compile, optimizer impl)."""
+    options = r["options"] if isinstance(r["options"], dict) else json.loads(r["options"] or "{}")
+    return {k: options.get(k) for k in ("channels_last", "compile", "optimizer_impl", "activation_checkpointing")}
+
+
+def host_bound_mark(r: dict) -> str:
+    """What goes beside a configuration's throughput when most of its runs were host-bound (CUDA)."""
+    return " (host-bound)" if r.get("host_bound") else ""
+
+
+def notes(ok: list[dict]) -> list[str]:
+    """A line for every host-bound configuration (CUDA), every compiled configuration slower than eager, and for graphs
+    compiled inside a window."""
+    out = [f"- `{label(r)}` ×{r['world_size']} {r['precision']}: host-bound in {r['host_bound_runs']} of "
+           f"{r['runs_ok']} run(s): the host took {100 * r['host_over_gpu']:.0f}% of the GPU's time to enqueue each "
+           "window's steps (CUDA events beside the host's clock), so the GPU waited for it: this throughput measures "
+           "the host's launch cost per step (Python, hooks, per-operation dispatch) more than the GPU"
+           for r in ok if r.get("host_bound")]
+    out += gap_lines(ok)
     for r in ok:
         eager = _eager_of(r, ok)
         vs_twin = r.get("compiled_vs_eager_twin")
