@@ -449,9 +449,11 @@ def implementation(optimizer: str, params: list, asked: str | None = None) -> st
 
 
 def optimizer_impl(optimizer) -> str:
-    """What the torch optimizer that steps runs: fused, foreach or for-loop (read from its settings)."""
-    defaults = inner_optimizer(optimizer).defaults
-    return "fused" if defaults.get("fused") else "foreach" if defaults.get("foreach") else "for-loop"
+    """What the torch optimizer that steps runs: fused, foreach or for-loop, read from its first param group, whose
+    settings its step reads (Horovod's DistributedOptimizer is built from the param groups, its defaults the class's)."""
+    inner = inner_optimizer(optimizer)
+    group = inner.param_groups[0] if inner.param_groups else inner.defaults
+    return "fused" if group.get("fused") else "foreach" if group.get("foreach") else "for-loop"
 
 
 def device_for(cfg, local_index: int) -> torch.device:

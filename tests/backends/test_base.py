@@ -63,6 +63,10 @@ def test_the_optimizer_is_fused_where_torch_has_a_kernel_else_foreach_and_the_us
     assert optimizer_impl(loop) == "for-loop"
     wrapper = type("Zero", (), {"optim": loop})()  # read through ZeroRedundancyOptimizer's or DeepSpeed's wrapper
     assert optimizer_impl(wrapper) == "for-loop"
+    # Horovod's DistributedOptimizer: the class rebuilt from the param groups, its defaults the class's own
+    fused = make_optimizer(cfg_for(optimizer="sgd"), plain)
+    rebuilt = type(fused)(fused.param_groups)
+    assert rebuilt.defaults.get("fused") is None and optimizer_impl(rebuilt) == "fused"
 
 
 @pytest.mark.mutation
