@@ -14,6 +14,7 @@ from backends.ddp import DDP, RANKS_PER_GPU
 
 
 class AllReduceManual(DDP):
+    twin_loop = None  # no plain loop of its own: compared with the plain loop as a whole
     knobs = (RANKS_PER_GPU, *COMMON_KNOBS)
     sync = True
 

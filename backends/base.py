@@ -17,9 +17,12 @@ from bench.core.knobs import Knob, flag_of
 # fp16 needs a GradScaler (its gradients underflow); bf16 has fp32's range and needs none.
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # The optimizers every backend trains with (--optimizer; DeepSpeed and ZeroRedundancyOptimizer wrap the same):
-# SGD with momentum, as the source articles train ResNets; AdamW with nanoGPT's GPT-2 settings. ``foreach`` is set,
-# not left to torch's default (on for CUDA tensors, off on the CPU), so every backend runs the same implementation:
-# the multi-tensor one on GPUs; on CPUs, where torch has none worth the name, the per-parameter loop.
+# SGD with momentum, as the source articles train ResNets; AdamW with nanoGPT's GPT-2 settings. The implementation is
+# set, not left to torch's per-device default (foreach on CUDA tensors, the per-parameter loop on the CPU): fused, as
+# torchtitan runs its optimizers, wherever torch has a fused kernel for the parameters (AdamW and SGD on plain
+# tensors, on GPUs and CPUs; AdamW on FSDP2's DTensors, whose aten._fused_adamw_ has a sharding rule), else foreach
+# (SGD on DTensors: aten._fused_sgd_ has none). ``--optimizer-impl foreach|fused`` chooses; recorded as
+# backend_info.optimizer_impl, read back from the optimizer that steps.
 SGD = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 ADAMW = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 OPTIMIZERS = {"sgd": (torch.optim.SGD, SGD), "adamw": (torch.optim.AdamW, ADAMW)}
@@ -31,7 +34,11 @@ ACTIVATION_CHECKPOINTING = Knob("activation_checkpointing",
                                 "recompute each block's activations in backward instead of keeping them (less memory, "
                                 "about one more forward of compute); every backend but dp")
 COMPILE = Knob("compile", "torch.compile the (wrapped) model; compiles in warm-up, its time recorded as compile_seconds")
-COMMON_KNOBS = (CHANNELS_LAST, ACTIVATION_CHECKPOINTING, COMPILE)
+OPTIMIZER_IMPLS = ("foreach", "fused")
+OPTIMIZER_IMPL = Knob("optimizer_impl", "the optimizer's implementation: fused or foreach (default: fused wherever "
+                                        "torch has a fused kernel for the parameters, else foreach; recorded in "
+                                        "backend_info.optimizer_impl)", str, choices=OPTIMIZER_IMPLS)
+COMMON_KNOBS = (CHANNELS_LAST, ACTIVATION_CHECKPOINTING, COMPILE, OPTIMIZER_IMPL)
 # The phases of a step a trace shows (bench run --trace; bench.core.traces.PHASES: data wait, forward with the loss,
 # backward, a backend's own explicit collectives, optimizer step). Outside a trace a phase is a shared do-nothing
 # context: no profiler runs.
@@ -97,6 +104,29 @@ class Backend:
     @classmethod
     def environment(cls) -> dict:
         """What this backend adds to the record's ``env`` (its build: Horovod's), read once per sweep."""
+        return {}
+
+    # bench run --reference: this backend's own plain loop at world size 1 (bench/twins/<twin_loop>.py), or None where
+    # it has none short enough to write plainly (it is then compared with the plain loop, single's, as a whole);
+    # ``twin_knobs``: its own knobs that loop reproduces (any other of its knobs given: no twin of its own)
+    twin_loop: str | None = None
+    twin_knobs: tuple[str, ...] = ()
+
+    def twin(self, cfg) -> dict | None:
+        """The settings of this backend's own plain loop for ``cfg`` (``name``: the file in bench/twins/, and what it
+        must reproduce), or None: none of its own here (no loop written, a knob of its own the loop does not
+        reproduce, or --compile, which the backends' loops do not compile as the backend does)."""
+        options = cfg.options or {}
+        common = {k.key for k in COMMON_KNOBS}
+        foreign = [k for k in options if k not in common and k not in self.twin_knobs and options[k] not in
+                   (None, False, "none", "default")]
+        if self.twin_loop is None or foreign or (options.get("compile") and self.twin_loop != "plain"):
+            return None
+        return {"name": self.twin_loop, **self.twin_settings(cfg)}
+
+    def twin_settings(self, cfg) -> dict:
+        """What this backend's loop must reproduce of ``cfg`` beyond the workload's settings (FSDP2's precision mode
+        and reshard policy, DeepSpeed's config)."""
         return {}
 
     def no_verify_reference(self, precision: str) -> str | None:
@@ -206,6 +236,7 @@ class Backend:
             "activation_checkpointing_blocks": getattr(self.module, "_bench_checkpointed", 0),
             "channels_last": self.channels_last_info() if (getattr(self, "options", None) or {}).get("channels_last")
             else None,
+            "optimizer_impl": optimizer_impl(self.optimizer),
         }
 
     def channels_last_info(self) -> dict:
@@ -398,11 +429,31 @@ def contiguous_parameters(model: torch.nn.Module, cfg) -> torch.nn.Module:
 
 
 def make_optimizer(cfg, params, cls=None):
-    """The run's optimizer (``cfg.optimizer``: sgd or adamw, at the settings above) over ``params``; ``cls`` only
-    for ZeroRedundancyOptimizer, which takes the class and its arguments apart."""
+    """The run's optimizer (``cfg.optimizer``: sgd or adamw, at the settings above) over ``params``, in the
+    implementation ``implementation`` picks; ``cls`` only for ZeroRedundancyOptimizer, which takes the class and its
+    arguments apart."""
+    params = list(params)
     optimizer, settings = OPTIMIZERS[cfg.optimizer or "sgd"]
-    settings = {**settings, "foreach": cfg.device_type == "cuda"}
+    impl = implementation(cfg.optimizer or "sgd", params, (cfg.options or {}).get("optimizer_impl"))
+    settings = {**settings, impl: True}
     return (cls or optimizer)(params, **({"optimizer_class": optimizer} if cls else {}), **settings)
+
+
+def implementation(optimizer: str, params: list, asked: str | None = None) -> str:
+    """The optimizer implementation a run uses: ``asked`` (--optimizer-impl) when given, else fused wherever torch has
+    a fused kernel for ``params`` (the module comment above), else foreach."""
+    if asked:
+        return asked
+    dtensors = any(hasattr(p, "placements") for p in params if isinstance(p, torch.Tensor))
+    return "foreach" if optimizer == "sgd" and dtensors else "fused"
+
+
+def optimizer_impl(optimizer) -> str:
+    """What the torch optimizer that steps runs: fused, foreach or for-loop, read from its first param group, whose
+    settings its step reads (Horovod's DistributedOptimizer is built from the param groups, its defaults the class's)."""
+    inner = inner_optimizer(optimizer)
+    group = inner.param_groups[0] if inner.param_groups else inner.defaults
+    return "fused" if group.get("fused") else "foreach" if group.get("foreach") else "for-loop"
 
 
 def device_for(cfg, local_index: int) -> torch.device:

@@ -40,6 +40,7 @@ RANKS_PER_GPU = Knob(SHARED_GPU, "CUDA: start N ranks on each GPU, over gloo ins
 
 class DDP(Backend):
     knobs = (*DDP_KNOBS, RANKS_PER_GPU, *COMMON_KNOBS)
+    twin_loop = "ddp"  # bench/twins/ddp.py: DistributedDataParallel at its defaults over a one-rank group
 
     def unavailable(self, cfg):
         if (cfg.options or {}).get("ddp_comm_hook") == "powersgd" and cfg.device_type == "cpu":

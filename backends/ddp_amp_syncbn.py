@@ -13,6 +13,7 @@ SYNCBN_CPU = ("SyncBatchNorm layers only work with GPU modules (torch.nn.SyncBat
 
 
 class DDPAmpSyncBN(DDP):
+    twin_loop = None  # no plain loop of its own: compared with the plain loop as a whole
     default_precision = "fp16"
     batchnorm = "global"  # SyncBatchNorm normalises over the global batch
     compute_only_keeps = "SyncBatchNorm's all-reduce of the batch statistics in forward"

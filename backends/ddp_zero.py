@@ -24,6 +24,9 @@ class DDPZero(DDP):
         self.optimizer = make_optimizer(cfg, self.module.parameters(), cls=functools.partial(
             ZeroRedundancyOptimizer, parameters_as_bucket_view=True))
 
+    def twin_settings(self, cfg):
+        return {"zero": True}  # bench/twins/ddp.py with ZeroRedundancyOptimizer's bucket views
+
     def describe(self):
         info = super().describe()
         info.update(parameters_as_bucket_view=self.optimizer.parameters_as_bucket_view)

@@ -4,10 +4,24 @@
 Stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the parameters (gathered per
 layer for forward and backward). The config is built from the run: micro-batch = the per-device batch,
 gradient accumulation 1, ``train_batch_size`` = micro-batch x world size (DeepSpeed asserts the product), the
-suite's SGD (``zero_allow_untested_optimizer``), no gradient clipping (DeepSpeed's default clips the norm to
-1.0, which no other backend does), and fp16 / bf16 through DeepSpeed's own sections. Those cast
-the whole model, BatchNorm included, to the half type and keep fp32 master weights in the optimizer: this is
-DeepSpeed's mixed precision, not autocast. On CPU, ``DS_ACCELERATOR=cpu``.
+suite's optimizer (``zero_allow_untested_optimizer``; fused where torch has it, as every backend: backends/base.py),
+no gradient clipping (DeepSpeed's default clips the norm to 1.0, which no other backend does). On CPU,
+``DS_ACCELERATOR=cpu`` and ``PYTORCH_NVML_BASED_CUDA_CHECK=0`` (``cpu_environment``): ``import deepspeed`` sets the
+latter to 1 (so that ``torch.cuda.is_available()`` asks NVML instead of initialising CUDA before a fork), and on a
+machine with no NVML every such call, several per training step, then tries to load libnvidia-ml again: a few hundred
+µs a step on the CPU, charged to whatever trains in the process, that no GPU run pays (CUDA is initialised there and
+torch caches the device count).
+
+Precision, ``--ds-mp`` (recorded as ``backend_info.mixed_precision``):
+
+- ``autocast`` (the default): what ``single`` computes. DeepSpeed's ``torch_autocast`` section: fp32 parameters and
+  optimizer, ``torch.autocast`` at the run's precision around the engine's forward (engine.py
+  ``autocast_if_enabled``), fp16 through a GradScaler of DeepSpeed's own. Its ``lower_precision_safe_modules`` is
+  given empty: by default DeepSpeed marks every Linear and Conv parameter to be reduced in the autocast dtype
+  (torch_autocast.py ``comm_dtype``), where every other backend reduces fp32 gradients.
+- ``params``: DeepSpeed's fp16 / bf16 sections, which cast the whole model, BatchNorm included, to the half type and
+  keep fp32 master weights in the optimizer: DeepSpeed's own mixed precision, a different numerics signature
+  (norms and residual in the half dtype).
 
 Buckets: DeepSpeed's reduce and all-gather buckets default to 5e8 elements, and ZeRO allocates its gradient
 bucket at that size on every rank (2 GB at fp32; two with ``overlap_comm`` at stages 1-2) whatever the model: a
@@ -29,8 +43,8 @@ import os
 import torch
 
 from backends import models
-from backends.base import (ACTIVATION_CHECKPOINTING, CHANNELS_LAST, build_model, contiguous_parameters,
-                           make_optimizer)
+from backends.base import (ACTIVATION_CHECKPOINTING, AUTOCAST_DTYPES, CHANNELS_LAST, HALF_NAMES, OPTIMIZER_IMPL,
+                           build_model, contiguous_parameters, make_optimizer)
 from backends.ddp import DDP
 from bench.core.knobs import Knob
 
@@ -51,17 +65,35 @@ DS_BUCKET_MB = Knob("ds_bucket_mb", "DeepSpeed reduce and all-gather buckets, Mi
                     float, low=0)
 
 
+MIXED_PRECISION = {"autocast": "torch_autocast (fp32 parameters, fp32 gradient reduction)",
+                   "params": "fp16/bf16 sections (half parameters, fp32 master weights, fp32 gradient reduction)"}
+DS_MP = Knob("ds_mp", "DeepSpeed at bf16/fp16: autocast (default: its torch_autocast section, fp32 parameters, as "
+                      "single computes) or params (its fp16/bf16 sections: half parameters, fp32 master weights, norms "
+                      "and residual in the half dtype)", str, choices=tuple(MIXED_PRECISION),
+             off=(None, False, "none", "autocast"))
+
+
+def cpu_environment() -> None:
+    """DeepSpeed on a CPU: its CPU accelerator, and torch's own CUDA check instead of the NVML one ``import deepspeed``
+    asks for (module docstring). Before deepspeed is imported; a value the user set stays."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
+
+
 class DeepSpeedZero(DDP):
     # DeepSpeed compiles through its own engine.compile(), not offered here
-    knobs = (DS_BUCKET_MB, CHANNELS_LAST, ACTIVATION_CHECKPOINTING)
+    knobs = (DS_BUCKET_MB, DS_MP, CHANNELS_LAST, ACTIVATION_CHECKPOINTING, OPTIMIZER_IMPL)
 
     no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
                        "gradient partitioning")
+    twin_loop, twin_knobs = "ds_zero", ("ds_bucket_mb", "ds_mp")  # bench/twins/ds_zero.py: the engine's own loop
+
+    def twin_settings(self, cfg):
+        return {"config": self.config(cfg, 1)[2]}  # the twin trains at world size 1
 
     def no_verify_reference(self, precision: str) -> str | None:
-        if precision in ("fp16", "bf16"):
-            return (f"DeepSpeed's {precision} trains half-precision weights with fp32 master copies (its own mixed "
-                    "precision, not autocast), which no reference here reproduces; verify DeepSpeed at fp32")
+        """bench verify runs the default, autocast, which its single reference reproduces; --ds-mp params is never
+        verified (no reference here trains half-precision weights with fp32 master copies)."""
         return None
 
     def skip_gradient_sync(self):
@@ -73,24 +105,44 @@ class DeepSpeedZero(DDP):
 
     def unavailable(self, cfg):
         if cfg.device_type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
+            cpu_environment()  # before deepspeed is imported
         return problem() or super().unavailable(cfg)
 
     def setup(self, cfg):
         if cfg.device_type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            cpu_environment()
         import deepspeed
 
         deepspeed.utils.logger.setLevel(logging.WARNING)  # the harness prints; DeepSpeed's INFO lines go nowhere
         self.init_process_group(cfg)
         model = contiguous_parameters(build_model(cfg).to(self.device), cfg)  # DeepSpeed views them as bytes
-        self.bucket_elements = int(((cfg.options or {}).get("ds_bucket_mb") or DEFAULT_BUCKET_MB) * 2 ** 20 // 4)
-        config = {
-            "train_batch_size": cfg.batch_size * self.world_size,
+        self.bucket_elements, self.mixed_precision, config = self.config(cfg, self.world_size)
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(cfg, model.parameters()),
+                                                       config=config, dist_init_required=False)
+        self.engine = self.model = engine
+        self.module, self.optimizer = engine.module, optimizer
+        self.buffers_cast = self._half_norm_buffers()
+        self.autocast_dtype, self.scaler = None, None  # DeepSpeed casts the model and scales the loss itself
+        self.device_type, self.feed_batch, self.data_device = cfg.device_type, cfg.batch_size, self.device
+        self.options = dict(cfg.options or {})
+        sections = config[cfg.precision]["enabled"] if cfg.precision in AUTOCAST_DTYPES else False
+        self.input_dtype = AUTOCAST_DTYPES[cfg.precision] if sections else torch.float32
+        self.workload = models.for_config(cfg)
+
+    def config(self, cfg, world_size: int) -> tuple[int, str, dict]:
+        """The DeepSpeed config of ``cfg`` at ``world_size`` (with its bucket size in elements and the mixed precision
+        mode): what setup hands deepspeed.initialize, and what this backend's plain twin reads (bench/twins/ds_zero.py,
+        as a DeepSpeed script reads its ds_config.json)."""
+        bucket_elements = int(((cfg.options or {}).get("ds_bucket_mb") or DEFAULT_BUCKET_MB) * 2 ** 20 // 4)
+        mixed_precision = (cfg.options or {}).get("ds_mp") or "autocast"
+        half = cfg.precision in AUTOCAST_DTYPES
+        sections = mixed_precision == "params" and half  # DeepSpeed's fp16/bf16 sections: half parameters
+        return bucket_elements, mixed_precision, {
+            "train_batch_size": cfg.batch_size * world_size,
             "train_micro_batch_size_per_gpu": cfg.batch_size,
             "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": self.stage, "reduce_bucket_size": self.bucket_elements,
-                                  "allgather_bucket_size": self.bucket_elements,
+            "zero_optimization": {"stage": self.stage, "reduce_bucket_size": bucket_elements,
+                                  "allgather_bucket_size": bucket_elements,
                                   # off by default at stages 1-2 (zero/config.py overlap_comm_valid); DDP overlaps
                                   "overlap_comm": True,
                                   # the global norm exists for clipping, which is off; stages 1-2 can skip it
@@ -106,21 +158,14 @@ class DeepSpeedZero(DDP):
             # DeepSpeed 0.19 clips the gradient norm to 1.0 unless told otherwise (GRADIENT_CLIPPING_DEFAULT):
             # no other backend clips, and with it DeepSpeed trained a different model (bench verify found it)
             "gradient_clipping": 0.0,
-            "fp16": {"enabled": cfg.precision == "fp16", "initial_scale_power": 16},
-            "bf16": {"enabled": cfg.precision == "bf16"},
+            "fp16": {"enabled": sections and cfg.precision == "fp16", "initial_scale_power": 16},
+            "bf16": {"enabled": sections and cfg.precision == "bf16"},
+            # autocast over fp32 parameters, as single; no parameter marked for a half-precision reduction
+            "torch_autocast": {"enabled": half and not sections, "dtype": HALF_NAMES.get(cfg.precision, "float32"),
+                               "lower_precision_safe_modules": []},
             "steps_per_print": 2 ** 31 - 1,
             "wall_clock_breakdown": False,
         }
-        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(cfg, model.parameters()),
-                                                       config=config, dist_init_required=False)
-        self.engine = self.model = engine
-        self.module, self.optimizer = engine.module, optimizer
-        self.buffers_cast = self._half_norm_buffers()
-        self.autocast_dtype, self.scaler = None, None  # DeepSpeed casts the model and scales the loss itself
-        self.device_type, self.feed_batch, self.data_device = cfg.device_type, cfg.batch_size, self.device
-        self.options = dict(cfg.options or {})
-        self.input_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision, torch.float32)
-        self.workload = models.for_config(cfg)
 
     def _half_norm_buffers(self) -> int:
         """DeepSpeed >= 0.19 casts the parameters only and keeps buffers fp32, so BatchNorm met half weights with fp32
@@ -165,13 +210,22 @@ class DeepSpeedZero(DDP):
             self.engine.step()  # optimizer step and zero_grad
         return loss.detach()
 
+    def autocast_scaler(self):
+        """The GradScaler DeepSpeed's ZeRO optimizer runs under torch_autocast at fp16, else None."""
+        return getattr(self.optimizer, "torch_autocast_gradscaler", None)
+
     def loss_scale(self):
+        if self.autocast_scaler() is not None:
+            return float(self.autocast_scaler().get_scale())
         return float(self.optimizer.cur_scale) if getattr(self.engine, "fp16_enabled", lambda: False)() else None
 
     def skipped_steps(self):
         """DeepSpeed's own count of overflowed (skipped) steps (engine.py step(): ``skipped_steps += 1`` on
         overflow). Its fp16 loss scaler halves the scale only after ``hysteresis`` (2) overflows in a row, so the
-        scale ratio that counts GradScaler's skips misses some here."""
+        scale ratio that counts GradScaler's skips misses some here. Under torch_autocast a GradScaler skips and
+        halves its scale on every overflow, which the harness reads off the scale: None."""
+        if self.autocast_scaler() is not None:
+            return None
         return int(self.engine.skipped_steps)
 
     def grad_reduce_dtype(self):
@@ -180,8 +234,13 @@ class DeepSpeedZero(DDP):
     def describe(self):
         info = super().describe()
         timer = self.engine.tput_timer.config
-        info.update(zero_stage=self.stage, param_dtype=str(next(self.module.parameters()).dtype).removeprefix("torch."),
+        param_dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
+        info.update(zero_stage=self.stage, param_dtype=param_dtype,
                     grad_scaler=self.loss_scale() is not None, norm_buffers_cast=self.buffers_cast,
+                    autocast_dtype=str(self.engine.torch_autocast_dtype()).removeprefix("torch.")
+                    if self.engine.torch_autocast_enabled() else None,
+                    mixed_precision=MIXED_PRECISION[self.mixed_precision] if param_dtype != "float32"
+                    or self.engine.torch_autocast_enabled() else None,
                     # what DeepSpeed took from the config, read back from the engine and its ZeRO optimizer
                     bucket_elements=int(self.optimizer.reduce_bucket_size),
                     # stage 3's optimizer keeps no attribute: it got the engine's setting (engine.py)

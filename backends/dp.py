@@ -6,12 +6,12 @@ Precision: ``parallel_apply`` runs each replica in a new thread and re-enters au
 (CUDA autocast's default) with no GradScaler. ``AutocastForward`` applies the record's dtype inside the
 module's own ``forward``, in whatever thread calls it.
 
-Knobs: dp refuses both common knobs (``REFUSED``), so such a run is "skipped" with the reason instead of being
+Knobs: dp refuses --compile and --channels-last (``REFUSED``), so such a run is "skipped" with the reason instead of being
 recorded as something it did not run.
 """
 import torch
 
-from backends.base import Backend, build_model, device_for
+from backends.base import OPTIMIZER_IMPL, Backend, build_model, device_for
 
 
 class AutocastForward(torch.nn.Module):
@@ -51,7 +51,7 @@ CUDNN_OFF_NOTE = ("labelled variant with cudnn.benchmark off: cuDNN's benchmark 
 
 
 class DataParallel(Backend):
-    knobs = ()  # no common knob: REFUSED says why
+    knobs = (OPTIMIZER_IMPL,)  # of the common knobs only --optimizer-impl: REFUSED says why not the others
 
     def world_size_limit(self, device_type):
         if device_type == "cpu":  # one process, no replicas on a CPU: world size 1 only

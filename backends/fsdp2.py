@@ -5,13 +5,24 @@ for forward and backward and reduce-scatters its gradients. ``fully_shard`` is a
 each BasicBlock/Bottleneck; for other models each direct child that holds parameters), then to the root, as
 the PyTorch FSDP2 tutorial and torchtitan do.
 
-Precision goes through ``MixedPrecisionPolicy``, not autocast: bf16/fp16 parameters for the all-gather and
-compute, fp32 gradient reduction. BatchNorm in a low-precision parameter dtype is a known pitfall (its
-statistics and affine parameters lose precision), so BatchNorm's parameters stay in fp32: through the policy's
-``param_dtype_override_fn`` where torch has it, else (torch 2.14 and older) through one fp32 ``fully_shard``
-group per block holding that block's BatchNorm layers (one more all-gather per block, not per layer; the norms
-outside any block form one more group), recorded as ``norm_fp32_via``. BatchNorm then takes half inputs with
-fp32 weights, as it does under autocast. fp16 adds a GradScaler (CUDA only).
+Precision, ``--fsdp-mp`` (recorded as ``backend_info.mixed_precision``):
+
+- ``autocast`` (the default): what ``single`` computes. fp32 parameters (no ``MixedPrecisionPolicy``: its
+  ``param_dtype`` None keeps the sharded parameters' dtype), ``torch.autocast`` at the run's precision around the
+  forward, so matmuls run in bf16/fp16 while norms, softmax and the residual stream stay fp32, and gradients, fp32
+  like the parameters, are reduced in fp32. The record's ``numerics`` signature is single's (tests/test_numerics.py).
+- ``params``: ``MixedPrecisionPolicy`` with bf16/fp16 parameters for the all-gather and compute (torchtitan's
+  default), fp32 gradient reduction, fp32 logits from the root. Its all-gather moves half the bytes at N >= 2, and
+  norms and the residual stream run in the half dtype: a different numerics signature, compared only with backends
+  that compute the same way. BatchNorm in a low-precision parameter dtype is a known pitfall (its statistics and
+  affine parameters lose precision), so BatchNorm's parameters stay in fp32: through the policy's
+  ``param_dtype_override_fn`` where torch has it, else (torch 2.14 and older) through one fp32 ``fully_shard`` group
+  per block holding that block's BatchNorm layers (one more all-gather per block, not per layer; the norms outside
+  any block form one more group), recorded as ``norm_fp32_via``.
+
+fp16 adds a GradScaler (CUDA only) in both. The optimizer runs on the DTensor shards: fused AdamW (torch has a
+sharding rule for ``aten._fused_adamw_``), foreach SGD (``aten._fused_sgd_`` has none, so ``--optimizer-impl fused``
+with SGD is refused before launch).
 
 ``--compile`` compiles each block before it is sharded, as torchtitan does (``module.compile()``), not the
 whole wrapped model, where FSDP's hooks break the graph at every block; recorded as ``compile: "per block"``.
@@ -47,6 +58,13 @@ from bench.core.knobs import Knob
 # block but the last); never: every block keeps its unsharded parameters from forward to backward (more memory, no
 # all-gather in backward); always: every block reshards, the last included (least memory).
 RESHARD = {"never": "never", "always": "every block", "default": None}
+# --fsdp-mp: how bf16/fp16 is run (module docstring): autocast over fp32 parameters (default), or half parameters
+MIXED_PRECISION = {"autocast": "autocast (fp32 parameters, fp32 gradient reduction)",
+                   "params": "MixedPrecisionPolicy (half parameters, fp32 gradient reduction)"}
+FSDP_MP = Knob("fsdp_mp", "fsdp2 at bf16/fp16: autocast (default: fp32 parameters under autocast, as single computes) "
+                          "or params (MixedPrecisionPolicy: half parameters, half the all-gather bytes, norms and "
+                          "residual in the half dtype)", str, choices=tuple(MIXED_PRECISION),
+               off=(None, False, "none", "autocast"))
 FSDP_RESHARD = Knob("fsdp_reshard", "fsdp2: which blocks reshard their parameters after forward: never, always, or "
                                     "default (never at world size 1, else every block but the last, as torchtitan)",
                     str, choices=tuple(RESHARD), off=(None, False, "none", "default"))
@@ -60,9 +78,20 @@ def has_param_dtype_override() -> bool:
 
 
 class FSDP2(DDP):
-    knobs = (FSDP_RESHARD, *COMMON_KNOBS)  # DDP's process-group plumbing, none of its knobs
+    knobs = (FSDP_MP, FSDP_RESHARD, *COMMON_KNOBS)  # DDP's process-group plumbing, none of its knobs
+
+    def unavailable(self, cfg):
+        if (cfg.options or {}).get("optimizer_impl") == "fused" and cfg.optimizer == "sgd":
+            return ("fsdp2 cannot run fused SGD: torch has no DTensor sharding rule for aten._fused_sgd_ (it has one "
+                    "for _fused_adamw_); use --optimizer-impl foreach, or --optimizer adamw")
+        return super().unavailable(cfg)
     compile_mode = "per block"
     meta_init = True  # --find-max-model's probes build on the meta device (setup)
+    twin_loop, twin_knobs = "fsdp2", ("fsdp_mp", "fsdp_reshard")  # bench/twins/fsdp2.py: torchtitan's apply_fsdp
+
+    def twin_settings(self, cfg):
+        o = cfg.options or {}
+        return {"mp": o.get("fsdp_mp") or "autocast", "reshard": RESHARD.get(o.get("fsdp_reshard")) or reshard_policy(1)}
 
     def setup(self, cfg):
         from torch.distributed.device_mesh import init_device_mesh
@@ -75,7 +104,9 @@ class FSDP2(DDP):
             model = build_model(cfg).to(self.device)
         model = contiguous_parameters(model, cfg)  # fully_shard refuses channels-last parameters
         mesh = init_device_mesh(cfg.device_type, (self.world_size,))
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.mixed_precision = (cfg.options or {}).get("fsdp_mp") or "autocast"
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        dtype = half if self.mixed_precision == "params" else None  # the parameters' dtype in compute
         self.reshard = RESHARD.get((cfg.options or {}).get("fsdp_reshard")) or reshard_policy(self.world_size)
         self.norm_fp32_via, self.groups = shard(model, mesh, dtype, compile=bool((cfg.options or {}).get("compile")),
                                                 reshard=self.reshard)
@@ -84,7 +115,8 @@ class FSDP2(DDP):
             model.to_empty(device=self.device)
             materialise(model)
         self.init_training(cfg, model, cfg.batch_size)  # compile_mode "per block": the root is not compiled again
-        self.autocast_dtype = None  # the policy casts; autocast on top would cast again
+        if dtype is not None:
+            self.autocast_dtype = None  # the policy casts; autocast on top would cast again
         self.param_dtype = dtype
         self.compute_only = False
         self.zero_grads = None
@@ -123,14 +155,12 @@ class FSDP2(DDP):
 
     def describe(self):
         info = super().describe()
-        defaults = self.optimizer.defaults
-        info.update(autocast_dtype=None, param_dtype=str(self.param_dtype or torch.float32).removeprefix("torch."),
-                    norm_fp32_via=self.norm_fp32_via,
+        info.update(param_dtype=str(self.param_dtype or torch.float32).removeprefix("torch."),
+                    mixed_precision=MIXED_PRECISION[self.mixed_precision] if self.autocast_dtype or self.param_dtype
+                    else None, norm_fp32_via=self.norm_fp32_via,
                     sharded_parameters=sum(1 for p in self.module.parameters() if hasattr(p, "full_tensor")),
                     fsdp_groups=self.groups, reshard_after_forward=self.reshard, init=self.init,
-                    prefetch="implicit (backward: the next block's all-gather beside this block's compute)",
-                    optimizer_impl="fused" if defaults.get("fused") else "foreach" if defaults.get("foreach")
-                    else "for-loop")
+                    prefetch="implicit (backward: the next block's all-gather beside this block's compute)")
         return info
 
     def full_parameters(self):

@@ -19,8 +19,8 @@ import os
 import subprocess
 import sys
 
-from backends.base import (ACTIVATION_CHECKPOINTING, CHANNELS_LAST, Backend, build_model, contiguous_parameters,
-                           device_for)
+from backends.base import (ACTIVATION_CHECKPOINTING, CHANNELS_LAST, OPTIMIZER_IMPL, Backend, build_model,
+                           contiguous_parameters, device_for)
 from bench.core.errors import UsageError
 from bench.core.knobs import Knob
 
@@ -97,7 +97,7 @@ class Horovod(Backend):
     local_only = False  # inside skip_gradient_sync()
 
     # compile is not offered: DistributedOptimizer hooks each parameter's gradient accumulator
-    knobs = (*HVD_KNOBS, CHANNELS_LAST, ACTIVATION_CHECKPOINTING)
+    knobs = (*HVD_KNOBS, CHANNELS_LAST, ACTIVATION_CHECKPOINTING, OPTIMIZER_IMPL)
 
     @classmethod
     def environment(cls):

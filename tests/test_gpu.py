@@ -44,9 +44,22 @@ def test_every_backend_trains_on_one_gpu_at_bf16_and_fp16(gpu_plan, name, precis
         assert len(rec["skipped_steps"]) == 3 and all(isinstance(n, int) and n >= 0 for n in rec["skipped_steps"])
     assert rec["global_batch"] == 16 and rec["throughput"] > 0 and len(rec["window_seconds"]) == 3
     assert [(m["rank"], m["device_index"]) for m in rec["memory"]] == [(0, 0)]
-    if name == "fsdp2" or name.startswith("ds_"):
-        # FSDP2's MixedPrecisionPolicy (BatchNorm kept in fp32), DeepSpeed's own fp16/bf16 section
-        assert info["param_dtype"] == HALF[precision]
+    assert info["autocast_dtype"] == HALF[precision] and info["optimizer_impl"] == (
+        "foreach" if name == "fsdp2" else "fused")  # SGD on DTensors has no fused kernel
+    if name == "fsdp2" or name.startswith("ds_"):  # like with like: fp32 parameters under autocast, as single
+        assert info["param_dtype"] == "float32"
+        single = gpu_plan.record(f"single-{precision}", "single")
+        assert rec["numerics"]["signature"] == single["numerics"]["signature"]
+
+
+@pytest.mark.parametrize("name", [n for n in backends.names() if n == "fsdp2" or n.startswith("ds_")])
+def test_the_half_parameter_modes_run_with_their_own_loss_scaling(gpu_plan, name):
+    """--fsdp-mp params / --ds-mp params: FSDP2's MixedPrecisionPolicy (BatchNorm kept in fp32), DeepSpeed's own fp16
+    section and loss scaler."""
+    rec = gpu_plan.record(f"{name}-params-fp16", name)
+    info = rec["backend_info"]
+    assert info["param_dtype"] == "float16" and info["grad_scaler"] is True
+    assert len(rec["skipped_steps"]) == 3 and all(isinstance(n, int) and n >= 0 for n in rec["skipped_steps"])
 
 
 @pytest.mark.parametrize("name", backends.names())

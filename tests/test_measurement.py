@@ -115,6 +115,9 @@ def test_windows_time_only_the_steps_and_read_everything_else_outside(monkeypatc
         def skipped_steps(self):
             return None
 
+        def devices(self):
+            return [torch.device("cpu")]
+
         def train(self, steps):
             calls.append(("train", steps))
             clock.now += 1.0 * steps
@@ -159,6 +162,90 @@ def test_windows_time_only_the_steps_and_read_everything_else_outside(monkeypatc
     edges = iter([False, True, False, False])  # window 1's end only
     monkeypatch.setattr(train, "profiler_active", lambda: next(edges))
     assert train.windows(b, types.SimpleNamespace(windows=2, steps=1), sync, meter, waited=False)["profiler"] is True
+
+
+class VirtualGpu:
+    """A GPU that runs behind the host on the test's clock, for the fake GPU machine's events (tests/fake_gpu.py:
+    FakeEvent): each step the host spends ``host_s`` launching and the GPU ``gpu_s`` on kernels that start when it has
+    finished what came before; an event is reached when the GPU gets to it; a synchronize waits for the GPU."""
+
+    def __init__(self, clock, host_s: float, gpu_s: float):
+        self.clock, self.host_s, self.gpu_s, self.busy_until = clock, host_s, gpu_s, 0.0
+
+    def step(self):
+        self.clock.now += self.host_s  # the host's launch work
+        self.busy_until = max(self.busy_until, self.clock.now) + self.gpu_s
+
+    def sync(self):
+        self.clock.now = max(self.clock.now, self.busy_until)
+
+    def wrap(self, event):
+        gpu = self
+
+        def record(stream=None):
+            event.t = max(gpu.clock.now, gpu.busy_until)  # reached after the work enqueued before it
+
+        event.record = record
+        return event
+
+
+@pytest.mark.parametrize("host_s,gpu_s,bound", [(1 / 8, 1 / 64, True), (1 / 64, 1 / 8, False)])
+def test_on_cuda_each_window_times_the_hosts_enqueueing_beside_the_gpus_time(monkeypatch, host_s, gpu_s, bound):
+    """Issue 46, item 4, on the fake GPU machine: the events come from bench.core.cuda.timing_event (the device seam),
+    the host's time is t0 to the return of the steps; a window whose host needs at least 90% of the GPU's time is
+    host-bound (the GPU waited for its work)."""
+    from bench.core import cuda
+    from tests.fake_gpu import FakeGpuMachine
+
+    machine = FakeGpuMachine().install(monkeypatch)
+    clock = Clock()
+    monkeypatch.setattr(train, "time", clock)
+    gpu = VirtualGpu(clock, host_s, gpu_s)
+    fake = cuda.timing_event  # the fake machine's (a FakeEvent, logged), on the test's clock
+    monkeypatch.setattr(cuda, "timing_event", lambda: gpu.wrap(fake()))
+    monkeypatch.setattr(train.lifeline, "set_phase", lambda phase: None)
+
+    class Backend:
+        batches = None
+
+        def barrier(self):
+            clock.now += 1.0
+
+        def loss_scale(self):
+            return None
+
+        def skipped_steps(self):
+            return None
+
+        def devices(self):
+            return [torch.device("cuda", 0)]
+
+        def train(self, steps):
+            for _ in range(steps):
+                gpu.step()
+
+    meter = types.SimpleNamespace(read=lambda: None)
+    out = train.windows(Backend(), types.SimpleNamespace(windows=3, steps=4), gpu.sync, meter, waited=False)
+    assert len(machine.called("timing_event")) == 6  # two events a window, through the seam
+    assert out["host"] == [4 * host_s] * 3  # four steps' launch work: t0 to the return of train()
+    # the GPU's time from the window's start to its last kernel's end: behind a host-bound loop the host's pace (it
+    # idles between kernels), else its own kernels after the first launch; the synchronize ends the window with it
+    assert out["gpu"] == [4 * host_s + gpu_s if bound else host_s + 4 * gpu_s] * 3
+    assert out["seconds"] == out["gpu"]
+    fields = train.host_bound([{"window_host_seconds": out["host"], "window_gpu_seconds": out["gpu"]}] * 2)
+    assert fields["host_bound"] is bound and fields["window_host_seconds"] == out["host"]
+    assert fields["host_over_gpu"] == pytest.approx(out["host"][0] / out["gpu"][0])
+
+
+def test_host_bound_is_none_off_cuda_and_takes_the_slowest_rank_per_window():
+    assert train.host_bound([{"window_host_seconds": None, "window_gpu_seconds": None}]) == {
+        "window_host_seconds": None, "window_gpu_seconds": None, "host_over_gpu": None, "host_bound": None}
+    got = train.host_bound([{"window_host_seconds": [0.8, 0.5], "window_gpu_seconds": [1.0, 1.0]},
+                            {"window_host_seconds": [0.1, 0.95], "window_gpu_seconds": [0.5, 1.0]}])
+    assert got["window_host_seconds"] == [0.8, 0.95] and got["window_gpu_seconds"] == [1.0, 1.0]
+    assert got["host_over_gpu"] == pytest.approx(0.875) and got["host_bound"] is False
+    edge = train.host_bound([{"window_host_seconds": [0.9], "window_gpu_seconds": [1.0]}])
+    assert edge["host_bound"] is True and train.HOST_BOUND_RATIO == 0.9
 
 
 def test_skips_from_the_scale_or_the_backends_own_count():

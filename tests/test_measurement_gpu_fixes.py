@@ -130,6 +130,9 @@ class _TimedBackend:
     def skipped_steps(self):
         return None
 
+    def devices(self):
+        return []  # the timed loop asks where it runs (CUDA: host-bound timing); a clock needs none
+
     def train(self, steps):
         self.clock.t += steps * self.step_seconds
 

@@ -1,27 +1,111 @@
 """One numerics rule, measured (bench/rank/numerics.py): which dtype each backend's norms, attention, residual stream
-and loss ran in, read from a real training step; the verdict names no winner between backends that compute
-differently at the same precision flag."""
-import pytest
+and loss ran in, read from a real training step; by default every backend computes what single computes (fsdp2 and
+DeepSpeed run autocast over fp32 parameters, issue 46), their half-parameter modes (--fsdp-mp params, --ds-mp params)
+compute differently and say so; the verdict names no winner between backends that compute differently at the same
+precision flag."""
+import json
+import os
+import socket
+from pathlib import Path
 
-from tests.conftest import bench_inproc, records
+import pytest
+import torch
+
+from tests.conftest import bench_inproc, records, skip_without
 
 AUTOCAST = {"matmul": "bfloat16", "norm": "float32", "attention": "bfloat16", "loss": "float32",
             "norm_params": "float32", "residual": "float32"}
 HALF = {**AUTOCAST, "norm": "bfloat16", "norm_params": "bfloat16", "residual": "bfloat16"}
 
 
+def signature(expected: dict, half: str = "bfloat16") -> str:
+    return ", ".join(f"{k} {half if v == 'bfloat16' else v}" for k, v in expected.items())
+
+
 @pytest.mark.slow
-def test_autocast_keeps_norms_and_the_residual_stream_fp32_and_half_parameters_do_not(tmp_path):
-    proc = bench_inproc("run", "--backends", "ddp,fsdp2,ds_zero2", "--gpus", 1, "--device", "cpu", "--model",
+def test_every_backend_computes_what_single_computes_at_bf16_by_default(tmp_path):
+    proc = bench_inproc("run", "--backends", "single,ddp,fsdp2,ds_zero2", "--gpus", 1, "--device", "cpu", "--model",
                         "gpt-micro", "--seq-len", 32, "--batch-size", 2, "--warmup", 2, "--steps", 1, "--windows", 2,
                         "--precision", "bf16", "--results", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    got = {r["backend"]: r["numerics"] for r in records(tmp_path)}
-    for name, expected in (("ddp", AUTOCAST), ("fsdp2", HALF), ("ds_zero2", HALF)):
-        assert {k: got[name][k] for k in expected} == expected, name
-    assert got["ddp"]["signature"] == ("matmul bfloat16, norm float32, attention bfloat16, loss float32, norm_params "
-                                       "float32, residual float32")
-    assert got["fsdp2"]["signature"] == got["ds_zero2"]["signature"] != got["ddp"]["signature"]
+    got = {r["backend"]: r for r in records(tmp_path)}
+    for name in ("single", "ddp", "fsdp2", "ds_zero2"):
+        assert {k: got[name]["numerics"][k] for k in AUTOCAST} == AUTOCAST, name
+        assert got[name]["numerics"]["signature"] == signature(AUTOCAST), name
+    assert got["fsdp2"]["backend_info"]["mixed_precision"] == "autocast (fp32 parameters, fp32 gradient reduction)"
+    assert got["ds_zero2"]["backend_info"]["mixed_precision"] == ("torch_autocast (fp32 parameters, fp32 gradient "
+                                                                  "reduction)")
+    for name in ("fsdp2", "ds_zero2"):
+        info = got[name]["backend_info"]
+        assert (info["param_dtype"], info["autocast_dtype"], info["grad_reduce_dtype"]) == (
+            "float32", "bfloat16", "float32"), name
+
+
+# -- fp16 and the half-parameter knobs, in one rank process (fp16 on a CPU: autocast and GradScaler("cpu") run there;
+# bench run refuses fp16 without CUDA) ---------------------------------------------------------------------------------
+
+CASES = [("single", {}), ("fsdp2", {}), ("ds_zero2", {}), ("fsdp2", {"fsdp_mp": "params"}),
+         ("ds_zero2", {"ds_mp": "params"})]
+
+
+def _probe_every_case(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    import backends
+    from backends.models import find_blocks  # noqa: F401 - the numerics probe's import, made before the first case
+    from bench.core.config import RunConfig
+    from bench.rank import data
+    from bench.rank.numerics import probe
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      DS_ACCELERATOR="cpu")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")  # one group for every case (each backend skips its own when one exists)
+    seen = {}
+    for precision in ("bf16", "fp16"):
+        for name, options in CASES:
+            key = f"{name} {json.dumps(options)} {precision}"
+            b = backends.create(name)
+            cfg = RunConfig(backend=name, launcher=b.launcher, world_size=1, device_type="cpu", model="gpt-micro",
+                            image_size=None, seq_len=16, batch_size=2, warmup=2, steps=1, windows=1,
+                            precision=precision, options=options).validate()
+            try:
+                b.setup(cfg)
+                b.batches = data.batches_for(cfg, b)
+                b.train(1)
+                got = probe(b)
+                info = b.describe()
+                seen[key] = {"signature": got["signature"], "grad_scaler": info["grad_scaler"],
+                             "optimizer_impl": info["optimizer_impl"], "loss_scale": b.loss_scale()}
+            except Exception as e:  # noqa: BLE001 - one case failing must not hide the others
+                seen[key] = {"crashed": f"{type(e).__name__}: {e}"}
+    Path(out).write_text(json.dumps(seen))
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    skip_without("deepspeed")
+    out = tmp_path_factory.mktemp("numerics") / "seen.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_probe_every_case, args=(port, str(out)), nprocs=1, join=True)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,half", [("bf16", "bfloat16"), ("fp16", "float16")])
+def test_fsdp2_and_deepspeed_match_singles_numerics_by_default_and_differ_only_when_asked(probed, precision, half):
+    got = {k.removesuffix(f" {precision}"): v for k, v in probed.items() if k.endswith(f" {precision}")}
+    assert all("crashed" not in v for v in got.values()), got
+    single = got["single {}"]["signature"]
+    assert single == signature(AUTOCAST, half)
+    assert got["fsdp2 {}"]["signature"] == got["ds_zero2 {}"]["signature"] == single
+    assert got['fsdp2 {"fsdp_mp": "params"}']["signature"] == signature(HALF, half)
+    assert got['ds_zero2 {"ds_mp": "params"}']["signature"] == signature(HALF, half)
+    for case, seen in got.items():  # fp16: a loss scaler in every mode; the optimizer fused wherever torch has it
+        assert (seen["loss_scale"] is not None) is (precision == "fp16"), case
+        assert seen["optimizer_impl"] == "fused", case
 
 
 def test_the_verdict_compares_only_backends_that_compute_alike(tmp_path):

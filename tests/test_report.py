@@ -323,7 +323,9 @@ def test_report_shows_the_settings_table_in_markdown_and_html(tmp_path, capsys):
                      "grad_norm": "skipped", "throughput_timer": "off"},
         "ddp_zero": {"grad_reduce_dtype": "float32", "bucket_cap_mb": 25.0, "parameters_as_bucket_view": True},
         "fsdp2": {"grad_reduce_dtype": "float32", "norm_fp32_via": "fully_shard per block's BatchNorms",
-                  "compile": "per block", "fsdp_groups": 18, "reshard_after_forward": "blocks but the last"},
+                  "compile": "per block", "fsdp_groups": 18, "reshard_after_forward": "blocks but the last",
+                  "mixed_precision": "MixedPrecisionPolicy (half parameters, fp32 gradient reduction)",
+                  "optimizer_impl": "foreach"},
     }
     autocast = {"norm": "float32", "residual": "float32", "matmul": "bfloat16"}  # bench/rank/numerics.py's reading
     half = {"norm": "bfloat16", "residual": "bfloat16", "matmul": "bfloat16"}
@@ -336,14 +338,15 @@ def test_report_shows_the_settings_table_in_markdown_and_html(tmp_path, capsys):
     md = (tmp_path / "rep" / "REPORT.md").read_text()
     table = md.split("## Backend settings\n", 1)[1].split("\n\n")[1].splitlines()
     assert table[0] == ("| backend | precision | grad reduce dtype | overlap comm | bucket | grad norm | throughput timer "
-                        "| params as bucket view | norms fp32 via | compile | FSDP2 groups, reshard | norms, residual in |")
+                        "| params as bucket view | norms fp32 via | compile | FSDP2 groups, reshard | norms, residual in "
+                        "| mixed precision | optimizer |")
     assert table[2:] == [
-        "| ddp (ddp_comm_hook=fp16) | bf16 | float16 | — | 25 MiB | — | — | — | — | — | — | — |",
-        "| ddp | bf16 | float32 | — | 25 MiB | — | — | — | — | — | — | norm fp32, residual fp32 |",
-        "| ddp_zero | bf16 | float32 | — | 25 MiB | — | — | on | — | — | — | norm fp32, residual fp32 |",
-        "| ds_zero2 | bf16 | float32 | on | 25 MiB | skipped | off | — | — | — | — | norm bf16, residual bf16 |",
+        "| ddp (ddp_comm_hook=fp16) | bf16 | float16 | — | 25 MiB | — | — | — | — | — | — | — | — | — |",
+        "| ddp | bf16 | float32 | — | 25 MiB | — | — | — | — | — | — | norm fp32, residual fp32 | — | — |",
+        "| ddp_zero | bf16 | float32 | — | 25 MiB | — | — | on | — | — | — | norm fp32, residual fp32 | — | — |",
+        "| ds_zero2 | bf16 | float32 | on | 25 MiB | skipped | off | — | — | — | — | norm bf16, residual bf16 | — | — |",
         "| fsdp2 | bf16 | float32 | — | — | — | — | — | fully_shard per block's BatchNorms | per block | 18, blocks but "
-        "the last | norm bf16, residual bf16 |"]
+        "the last | norm bf16, residual bf16 | MixedPrecisionPolicy (half parameters, fp32 gradient reduction) | foreach |"]
     html = (tmp_path / "rep" / "REPORT.html").read_text()
     assert '<section id="s-backend-settings">' in html
     assert "<td>fully_shard per block's BatchNorms</td>" in html and "<th>params as bucket view</th>" in html

@@ -120,6 +120,12 @@ def launches(gpus: int, names: list[str] | None = None, data_dir: str = "{imagen
                                                    "--data", "imagenet", "--data-dir", data_dir, "--loader", loader,
                                                    "--decode", "gpu"),
                               f"{'nvJPEG through torchvision' if loader == 'torchvision' else 'DALI mixed'} decode"))
+    half = [n for n in names if any(k.flag in ("--fsdp-mp", "--ds-mp") for k in backends.backend_class(n).knobs)]
+    for name in half:  # the half-parameter mode of the backends that offer one (their default computes as single does)
+        knob = next(k.flag for k in backends.backend_class(name).knobs if k.flag in ("--fsdp-mp", "--ds-mp"))
+        out.append(Launch(f"{name}-params-fp16", ("run", "--backends", name, "--gpus", "1", *GPU_RUN, "--precision",
+                                                  "fp16", knob, "params"),
+                          f"{name} with half parameters ({knob} params) and its own loss scaling, fp16"))
     if "ddp" in names:
         for hook in ("powersgd", "fp16"):
             out.append(Launch(f"ddp-hook-{hook}", ("run", "--backends", "ddp", "--gpus", "1", *GPU_RUN, "--warmup",
@@ -147,7 +153,8 @@ def two_gpu_launches(names: list[str]) -> list[Launch]:
                               f"DeepSpeed at 2 GPUs, {precision}", tuple(ds), trees=len(ds), gib=3.0, gpus=2))
     if "fsdp2" in names:
         out.append(Launch("fsdp2-2gpus-fp16", ("run", "--backends", "fsdp2", "--gpus", "2", *GPU_RUN, "--precision",
-                                               "fp16"), "FSDP2 at 2 GPUs, fp16, its compute-only reference", gpus=2))
+                                               "fp16", "--fsdp-mp", "params"),
+                          "FSDP2 at 2 GPUs, fp16 with half parameters, its compute-only reference", gpus=2))
     if "horovod" in names:
         out.append(Launch("horovod-2gpus", ("run", "--backends", "horovod", "--gpus", "2", *GPU_RUN, "--precision",
                                             "fp16"), "Horovod over NCCL at 2 GPUs", gpus=2))

@@ -17,17 +17,28 @@ from bench.launch.run import default_timeout, threads_per_rank
 from bench.launch.tree import run_group
 
 
+def loop_of(cfg: RunConfig) -> dict:
+    """The loop the twin of ``cfg`` runs: its backend's own (``Backend.twin``), else the plain one."""
+    import backends
+
+    return backends.create(cfg.backend).twin(cfg) or reference.PLAIN
+
+
 def skeleton(cfg: RunConfig, run_id: str, env: dict) -> dict:
-    """A twin record with the configuration's fields (those ``reference.key`` reads) and no measurement."""
+    """A twin record with the configuration's fields (those ``reference.key`` reads), the loop it runs, and no
+    measurement."""
     c = cfg.to_dict()
     o = cfg.options or {}
+    loop = loop_of(cfg)
     return {"schema": reference.TWIN_SCHEMA, "kind": "twin", "run_id": run_id, "status": None, "reason": None,
-            "twin": reference.TWINS.get(cfg.workload.kind), "model": cfg.model, "image_size": cfg.image_size,
+            "twin": reference.TWINS.get(cfg.workload.kind), "loop": loop, "loop_file": reference.loop_file(loop),
+            "model": cfg.model, "image_size": cfg.image_size,
             "seq_len": cfg.seq_len, "optimizer": workloads.of_record(c).optimizer, "precision": cfg.precision,
             "batch_per_device": cfg.batch_size, "global_batch": cfg.batch_size, "world_size": 1,
             "warmup_steps": cfg.warmup, "settle_steps": reference.SETTLE_STEPS, "steps_per_window": cfg.steps,
             "windows": cfg.windows, "data": cfg.data, "device_type": cfg.device_type,
-            "options": {k: True for k in ("channels_last", "compile") if o.get(k)},
+            "options": {**{k: True for k in ("channels_last", "compile") if o.get(k)},
+                        **({"optimizer_impl": o["optimizer_impl"]} if o.get("optimizer_impl") else {})},
             "cudnn_benchmark": cfg.cudnn_benchmark, "repeat_index": cfg.repeat_index, "repeats": cfg.repeats,
             "window_seconds": [], "window_cpu_seconds": [], "throughput": None, "throughput_ci95": None, "env": env,
             "hardware": results.hardware({"device_type": cfg.device_type, "env": env})}  # a GPU's: its own, once run
@@ -48,7 +59,7 @@ def run_twin(cfg: RunConfig, results_dir: Path, env_meta: dict, timeout: float |
         return rec
     threads = threads_per_rank(cfg)  # the same share of the cores as the runs it is compared with
     settings, out, log = logs / f"{run_id}.settings.json", logs / f"{run_id}.out.json", logs / f"{run_id}.log"
-    results.write_json_atomic(reference.settings(cfg.to_dict(), threads), settings, overwrite=True)
+    results.write_json_atomic(reference.settings(cfg.to_dict(), threads, rec["loop"]), settings, overwrite=True)
     env = {**os.environ, RUN_TAG: run_id, "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(results.REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, str(reference.script(cfg.workload.kind)), str(settings), str(out)]

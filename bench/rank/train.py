@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import statistics
 import sys
 import time
 from typing import Any
@@ -113,6 +114,8 @@ def run(spec: dict) -> None:
         "rank": backend.rank,
         "window_seconds": timed["seconds"],
         "window_cpu_seconds": timed["cpu"],
+        "window_host_seconds": timed["host"] or None,
+        "window_gpu_seconds": timed["gpu"] or None,
         "data_wait_seconds": timed["data_wait"] if waited else None,
         "corrupt_images_skipped": backend.batches.skipped if waited else None,
         "empty_classes": backend.batches.empty_classes if waited else None,
@@ -148,7 +151,7 @@ def run(spec: dict) -> None:
     if backend.rank == 0:
         record = build_record(cfg, spec, gathered, SETTLE_STEPS, measured_peak)
         record.update(hosts=hosts, launched_by=spec.get("launched_by"), windows_wall_span=timed["wall_span"],
-                      compute_only_wall_span=compute_only and compute_only["wall_span"])
+                      compute_only_wall_span=compute_only and compute_only["wall_span"], **host_bound(gathered))
         results.save(record, spec["results_dir"])
     backend.barrier()  # nobody tears the process group down while rank 0 still needs it
     backend.teardown()
@@ -158,10 +161,20 @@ SETTLE_STEPS = 1  # untimed steps between the peak reset and the first window
 cpu_clock = time.process_time  # CPU time of the process, all threads (bench/core/reference.py: the twin on CPUs)
 
 
+# A run is host-bound when the host took at least this share of the GPU's time to enqueue a window's steps: the GPU
+# then finished less than 10% after it was handed its last work, so it waited for the host (launch overhead, Python,
+# host syncs inside the step) rather than the host for it.
+HOST_BOUND_RATIO = 0.9
+
+
 def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "window") -> dict:
     """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
-    t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region."""
-    out: dict[str, Any] = {"seconds": [], "cpu": [], "data_wait": [], "skipped": [], "energy": [], "profiler": False}
+    t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region. On CUDA each
+    window also times the host's enqueueing of its steps (t0 to the return of ``train``) and the GPU's time for them
+    (a CUDA event recorded before t0 and one after the steps, read after the synchronize: ``cuda.timing_event``)."""
+    out: dict[str, Any] = {"seconds": [], "cpu": [], "data_wait": [], "skipped": [], "energy": [], "profiler": False,
+           "host": [], "gpu": []}
+    gpu = any(d.type == "cuda" for d in backend.devices())
     for i in range(cfg.windows):
         lifeline.set_phase(f"{phase} {i + 1} of {cfg.windows}")  # several nodes: where a lost node was
         backend.barrier()  # start every window together; the barrier itself is not timed
@@ -171,11 +184,19 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "wi
         if i == 0:  # energy over the whole span: NVML's counter is too coarse for one window (bench/rank/energy.py)
             first_joules, e0, wall0 = joules, time.perf_counter(), time.time()
         w0 = backend.batches.wait_seconds if waited else 0.0
+        if gpu:  # on the current device's stream, before t0: the GPU reaches it when it has finished what came before
+            start, end = cuda.timing_event(), cuda.timing_event()
+            start.record()
         c0 = cpu_clock()  # this process's CPU time (every thread): the plain twin's comparison on CPUs
         t0 = time.perf_counter()
         backend.train(cfg.steps)
+        if gpu:
+            out["host"].append(time.perf_counter() - t0)  # the host's time to enqueue the steps
+            end.record()
         sync()
         out["seconds"].append(time.perf_counter() - t0)
+        if gpu:
+            out["gpu"].append(start.elapsed_time(end) / 1000.0)  # ms: the GPU's time from the first step to the last
         out["cpu"].append(cpu_clock() - c0)
         out["data_wait"].append(backend.batches.wait_seconds - w0 if waited else 0.0)
         out["skipped"].append(skips(scale, backend.loss_scale(), count, backend.skipped_steps()))
@@ -185,6 +206,20 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "wi
     out["energy_span"] = (window_energy(first_joules, last_joules), time.perf_counter() - e0)
     out["wall_span"] = [wall0, time.time()]  # epoch seconds: the harness's machine watch reads this span
     return out
+
+
+def host_bound(gathered: list[dict]) -> dict:
+    """The record's host-bound fields from every rank's windows (CUDA; None on CPUs, where the host is the device):
+    per window the host's time to enqueue the steps and the GPU's time for them, each the max over ranks;
+    ``host_over_gpu`` the ratio of their medians, and ``host_bound`` when it reaches HOST_BOUND_RATIO."""
+    hosts = [m.get("window_host_seconds") for m in gathered]
+    gpus = [m.get("window_gpu_seconds") for m in gathered]
+    if not all(hosts) or not all(gpus):
+        return {"window_host_seconds": None, "window_gpu_seconds": None, "host_over_gpu": None, "host_bound": None}
+    host, gpu = [max(w) for w in zip(*hosts)], [max(w) for w in zip(*gpus)]
+    ratio = statistics.median(host) / statistics.median(gpu) if statistics.median(gpu) > 0 else None
+    return {"window_host_seconds": host, "window_gpu_seconds": gpu, "host_over_gpu": ratio,
+            "host_bound": None if ratio is None else ratio >= HOST_BOUND_RATIO}
 
 
 CONFIG_NOT_COMPARED = ("timeout", "note")  # may differ between nodes without changing what is measured

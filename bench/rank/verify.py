@@ -20,7 +20,8 @@ class Reference(Backend):
 
     def __init__(self, shares: int, batchnorm: str, twin: bool):
         super().__init__("single", "inproc")
-        self.shares, self.local, self.twin = shares, batchnorm == "local", twin
+        # twin: the shares in reverse order (summation order alone differs); not Backend.twin, the backend's own loop
+        self.shares, self.local, self.reversed_shares = shares, batchnorm == "local", twin
 
     def setup(self, cfg):
         self.device = device_for(cfg, 0)
@@ -29,7 +30,7 @@ class Reference(Backend):
     def step(self):
         inputs, targets = next(self.batches)
         parts = list(zip(inputs.chunk(self.shares), targets.chunk(self.shares)))
-        if self.twin:
+        if self.reversed_shares:
             parts.reverse()
         if not self.local:
             parts = [(torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]))]

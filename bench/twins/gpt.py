@@ -28,8 +28,9 @@ def setup(c):
     gen = torch.Generator().manual_seed(1000)  # rank 0's batch: 1000 + rank
     tokens = torch.randint(0, vocab, (c["batch"], c["seq_len"] + 1), generator=gen)
     x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)  # next-token targets
+    impl = c.get("optimizer_impl") or "fused"  # fused, as torchtitan runs it, unless --optimizer-impl foreach
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                                  foreach=device.type == "cuda")
+                                  fused=impl == "fused" or None, foreach=impl == "foreach" or None)
     return model, optimizer, x, y, device
 
 

@@ -1,7 +1,10 @@
-"""What both plain twins share, in plain torch: one training step (autocast at bf16/fp16, a GradScaler at fp16) and
+"""What the plain twins share, in plain torch: one training step (autocast at bf16/fp16, a GradScaler at fp16) and
 the harness's window schedule (warm-up steps timed one by one, the settle step, then the timed windows, the device
 synchronised at each edge), with the wall and CPU time of each window. Under --compile the eager model is timed the
-same way after the compiled windows. It imports json, time and torch only."""
+same way after the compiled windows. A backend's own loop (``c["loop"]["name"]``: ddp.py, fsdp2.py, ds_zero.py beside
+this file) wraps the model and optimizer first, and may bring its own step (DeepSpeed's engine). It imports importlib,
+json, time and torch only."""
+import importlib
 import json
 import time
 
@@ -12,11 +15,17 @@ def run(c, model, optimizer, loss_of, device, out_path):
     """Train ``model`` on ``loss_of(net)`` (the loss of one forward of ``net`` on the twin's fixed batch) under the
     settings ``c`` and write the window times to ``out_path``."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
-    scaler = torch.amp.GradScaler(device.type) if c["precision"] == "fp16" else None
+    autocast, own_step = True, None
+    if c["loop"]["name"] != "plain":  # a backend's loop at world size 1: wrap, then step as that backend's users do
+        wrap = importlib.import_module(f"bench.twins.{c['loop']['name']}").wrap
+        model, optimizer, autocast, own_step = wrap(c, model, optimizer, device)
+    scaler = torch.amp.GradScaler(device.type) if c["precision"] == "fp16" and own_step is None else None
     compiled = torch.compile(model) if c["compile"] else model
 
     def step(net):
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        if own_step is not None:
+            return own_step(loss_of)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and autocast):
             loss = loss_of(net)
         optimizer.zero_grad()
         if scaler is None:

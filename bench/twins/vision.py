@@ -33,8 +33,9 @@ def setup(c):
     y = torch.randint(0, 1000, (c["batch"],), generator=gen).to(device)
     if c["channels_last"]:
         x = x.contiguous(memory_format=torch.channels_last)
+    impl = c.get("optimizer_impl") or "fused"  # fused, as torchtitan runs it, unless --optimizer-impl foreach
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4,
-                                foreach=device.type == "cuda")
+                                fused=impl == "fused" or None, foreach=impl == "foreach" or None)
     return model, optimizer, x, y, device
 
 

@@ -40,7 +40,7 @@ RUN_ONLY = ["--trace", "1"]  # a flag of bench run's own, not of the planner (pa
 SWEEP_KNOBS = (CHANNELS_LAST,)
 # Backend.describe()'s fields (backends/base.py): what actually ran, in every record's backend_info
 DESCRIBED = ("process_group", "autocast_dtype", "grad_scaler", "sync_batchnorm_layers", "grad_reduce_dtype", "compile",
-             "activation_checkpointing_blocks", "channels_last")
+             "activation_checkpointing_blocks", "channels_last", "optimizer_impl")
 BASE_PHASES = {"data", "forward", "backward", "optimizer", "other"}  # what every step has in a trace
 MODEL_BYTES = 4 * parameter_count("resnet18")  # TINY's model, fp32: 11.7 M parameters
 
@@ -188,6 +188,8 @@ def test_its_record_says_what_ran(sweep, name):
     info, cfg = rec["backend_info"], sweep[name].config
     assert set(DESCRIBED) <= set(info), set(DESCRIBED) - set(info)
     assert (info["compile"], info["activation_checkpointing_blocks"]) == (None, 0)
+    # SGD, the torchvision default: fused where torch has the kernel; on FSDP2's DTensors foreach (no _fused_sgd_ rule)
+    assert info["optimizer_impl"] == ("foreach" if name == "fsdp2" else "fused"), info["optimizer_impl"]
     if cfg.world_size > 1:
         assert info["grad_reduce_dtype"] == "float32"
     given = {k.key for k in SWEEP_KNOBS} & {k.key for k in backends.backend_class(name).knobs}

@@ -46,6 +46,9 @@ def deepspeed_setup(monkeypatch, stage, precision, options=None, engine=None, de
     return b, seen, model
 
 
+AUTOCAST_BF16 = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 @pytest.mark.mutation
 def test_deepspeed_gets_the_suites_config(monkeypatch, stage):
@@ -58,12 +61,26 @@ def test_deepspeed_gets_the_suites_config(monkeypatch, stage):
         "train_batch_size": 6, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1,
         "zero_optimization": zero, "communication_data_type": "fp32",
         "timers": {"throughput": {"enabled": False, "synchronized": False}}, "zero_allow_untested_optimizer": True,
-        "gradient_clipping": 0.0, "fp16": {"enabled": False, "initial_scale_power": 16}, "bf16": {"enabled": True},
-        "steps_per_print": 2 ** 31 - 1, "wall_clock_breakdown": False}
+        "gradient_clipping": 0.0, "fp16": {"enabled": False, "initial_scale_power": 16}, "bf16": {"enabled": False},
+        # autocast over fp32 parameters, as single (issue 46); no parameter marked for a bf16 reduction
+        "torch_autocast": AUTOCAST_BF16, "steps_per_print": 2 ** 31 - 1, "wall_clock_breakdown": False}
     assert seen["model"] is model and seen["dist_init_required"] is False
     opt = seen["optimizer"]
-    assert type(opt) is torch.optim.SGD and {k: opt.defaults[k] for k in SGD} == SGD
+    assert type(opt) is torch.optim.SGD and {k: opt.defaults[k] for k in SGD} == SGD and opt.defaults["fused"]
     assert [p for g in opt.param_groups for p in g["params"]] == list(model.parameters())
+
+
+@pytest.mark.mutation
+def test_deepspeed_half_parameters_only_with_ds_mp_params(monkeypatch):
+    _, seen, _ = deepspeed_setup(monkeypatch, 2, "bf16", options={"ds_mp": "params"})
+    assert seen["config"]["bf16"] == {"enabled": True} and seen["config"]["torch_autocast"]["enabled"] is False
+    _, seen, _ = deepspeed_setup(monkeypatch, 2, "fp16", options={"ds_mp": "params"})
+    assert seen["config"]["fp16"]["enabled"] is True and seen["config"]["torch_autocast"]["enabled"] is False
+    _, seen, _ = deepspeed_setup(monkeypatch, 2, "fp16")
+    assert seen["config"]["fp16"]["enabled"] is False and seen["config"]["torch_autocast"] == {
+        **AUTOCAST_BF16, "dtype": "float16"}
+    _, seen, _ = deepspeed_setup(monkeypatch, 2, "fp32")
+    assert not any(seen["config"][k]["enabled"] for k in ("fp16", "bf16", "torch_autocast"))
 
 
 @pytest.mark.mutation
@@ -77,20 +94,23 @@ def test_deepspeed_default_buckets_and_what_the_harness_reads_back(monkeypatch):
                 if isinstance(m, torch.nn.BatchNorm2d):
                     m.running_mean, m.running_var = m.running_mean.float(), m.running_var.float()
 
-    b, seen, model = deepspeed_setup(monkeypatch, 2, "bf16", engine=Engine)
+    b, seen, model = deepspeed_setup(monkeypatch, 2, "bf16", engine=Engine, options={"ds_mp": "params"})
     assert seen["config"]["zero_optimization"]["reduce_bucket_size"] == 25 * 2 ** 20 // 4 == b.bucket_elements
     assert seen["config"]["fp16"]["enabled"] is False
     assert isinstance(b.engine, Engine) and b.model is b.engine and b.module is model and b.optimizer == "the optimizer"
     assert b.buffers_cast == 2 * 5  # running mean and variance of each of the 5 BatchNorms
     assert b.autocast_dtype is None and b.scaler is None and b.device_type == "cpu"
     assert b.feed_batch == 3 and b.data_device == torch.device("cpu") and b.input_dtype == torch.bfloat16
-    _, seen, _ = deepspeed_setup(monkeypatch, 2, "fp16")
+    _, seen, _ = deepspeed_setup(monkeypatch, 2, "fp16", options={"ds_mp": "params"})
     assert seen["config"]["fp16"] == {"enabled": True, "initial_scale_power": 16} and seen["config"]["bf16"] == {
         "enabled": False}
     b, _, _ = deepspeed_setup(monkeypatch, 2, "fp32", engine=lambda model: types.SimpleNamespace(module=model))
     assert b.input_dtype == torch.float32 and b.buffers_cast == 0
-    b, _, _ = deepspeed_setup(monkeypatch, 2, "fp16", engine=lambda model: types.SimpleNamespace(module=model))
+    b, _, _ = deepspeed_setup(monkeypatch, 2, "fp16", engine=lambda model: types.SimpleNamespace(module=model),
+                              options={"ds_mp": "params"})
     assert b.input_dtype == torch.float16
+    b, _, _ = deepspeed_setup(monkeypatch, 2, "fp16", engine=lambda model: types.SimpleNamespace(module=model))
+    assert b.input_dtype == torch.float32  # autocast casts inside the forward
 
 
 @pytest.mark.mutation
@@ -98,10 +118,16 @@ def test_deepspeed_is_told_to_use_the_cpu_only_on_cpu(monkeypatch):
     import os
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     deepspeed_setup(monkeypatch, 1, "fp32", device_type="cuda")
-    assert "DS_ACCELERATOR" not in os.environ
+    # on a GPU DeepSpeed's own choice stands (1, set by its import: no CUDA context before a fork)
+    assert "DS_ACCELERATOR" not in os.environ and os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "0"
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     deepspeed_setup(monkeypatch, 1, "fp32")
     assert os.environ["DS_ACCELERATOR"] == "cpu"
+    # import deepspeed sets it to 1 when unset: then every torch.cuda.is_available() on a machine without NVML loads
+    # libnvidia-ml again (several times a training step), a cost charged to whatever trains in the process
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "0" and not torch.cuda._nvml_based_avail()
 
 
 @pytest.mark.mutation
@@ -114,6 +140,11 @@ def test_deepspeed_loss_scale_only_under_fp16():
     assert b.loss_scale() == 1024.0 and isinstance(b.loss_scale(), float)
     b.engine = types.SimpleNamespace(skipped_steps=5)  # an engine without fp16 at all
     assert b.loss_scale() is None and b.skipped_steps() == 5
+    # torch_autocast at fp16: DeepSpeed's ZeRO optimizer steps through a GradScaler, which halves its scale on every
+    # skip: the harness reads the scale ratio (skipped_steps None)
+    b.optimizer = types.SimpleNamespace(torch_autocast_gradscaler=torch.amp.GradScaler("cpu", init_scale=512.0))
+    b.optimizer.torch_autocast_gradscaler.scale(torch.ones(()))  # its scale exists once it has scaled a loss
+    assert b.loss_scale() == 512.0 and b.skipped_steps() is None
 
 
 def deepspeed_config(monkeypatch, stage: int, precision: str) -> dict:
@@ -144,7 +175,10 @@ def test_deepspeed_config_parsed_by_deepspeed(monkeypatch, stage):
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     from deepspeed.utils.config import get_timers_config
 
+    from deepspeed.runtime.config import get_lower_precision_safe_modules, get_torch_autocast_dtype
+
     config = deepspeed_config(monkeypatch, stage, "fp16")
+    assert get_torch_autocast_dtype(config) == torch.float16 and get_lower_precision_safe_modules(config) == []
     timers = get_timers_config(config)
     assert (timers.enabled, timers.synchronized) == (False, False)
     assert get_communication_data_type(config) == torch.float32
@@ -177,7 +211,7 @@ def test_deepspeed_skipped_steps_are_its_own_count_not_the_scale_ratio():
     engine = HysteresisEngine()
     b.engine, b.optimizer = engine, engine  # loss_scale reads optimizer.cur_scale
     b.train = lambda steps: [engine.overflow_step() for _ in range(steps)]
-    b.batches, b.barrier = None, lambda: None  # no process group here
+    b.batches, b.barrier, b.device = None, lambda: None, torch.device("cpu")  # no process group here
     cfg = types.SimpleNamespace(windows=3, steps=4)
     meter = types.SimpleNamespace(read=lambda: None)
     out = train.windows(b, cfg, lambda: None, meter, waited=False)
@@ -187,27 +221,28 @@ def test_deepspeed_skipped_steps_are_its_own_count_not_the_scale_ratio():
 
 
 @pytest.mark.slow
-def test_deepspeed_half_precision_trains_evaluates_and_verify_says_why_it_has_no_reference(results_dir, capsys):
-    """DeepSpeed 0.19 casts parameters to bf16 but keeps BatchNorm's running statistics fp32, which BatchNorm
-    refuses: every fp16/bf16 run failed until the backend gave the statistics their layer's dtype; evaluation
-    feeds the model its input dtype."""
+def test_deepspeed_half_parameters_train_evaluate_and_verify_checks_the_autocast_default(results_dir, capsys):
+    """--ds-mp params: DeepSpeed 0.19 casts parameters to bf16 but keeps BatchNorm's running statistics fp32, which
+    BatchNorm refuses: every fp16/bf16 run failed until the backend gave the statistics their layer's dtype;
+    evaluation feeds the model its input dtype. bench verify runs the default (autocast over fp32 parameters), which
+    its single reference reproduces."""
     from bench.cli import build_parser
     from bench.commands import verify
 
     proc = bench_inproc("run", "--backends", "ds_zero3", "--gpus", 2, *TINY, "--precision", "bf16", "--eval",
-                        "--eval-samples", 9, "--ds-bucket-mb", 1, "--results", results_dir)
+                        "--eval-samples", 9, "--ds-bucket-mb", 1, "--ds-mp", "params", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["eval_samples"] == 9
     assert rec["backend_info"]["param_dtype"] == "bfloat16" and rec["backend_info"]["norm_buffers_cast"] == 40
-    assert rec["options"] == {"ds_bucket_mb": 1.0} and rec["backend_info"]["bucket_elements"] == 2 ** 18
+    assert rec["backend_info"]["mixed_precision"].startswith("fp16/bf16 sections")
+    assert rec["options"] == {"ds_bucket_mb": 1.0, "ds_mp": "params"} and rec["backend_info"]["bucket_elements"] == \
+        2 ** 18
     args = build_parser().parse_args(["verify", "--backends", "ds_zero1,ds_zero3", "--gpus", "2", "--device", "cpu",
                                       "--precision", "bf16"])
     _, entries = verify.plan(args)
-    assert [(e.backend, e.reference) for e in entries] == [("ds_zero1", None), ("ds_zero3", None)]
-    assert entries[0].skipped == ("DeepSpeed's bf16 trains half-precision weights with fp32 master copies (its own "
-                                  "mixed precision, not autocast), which no reference here reproduces; verify "
-                                  "DeepSpeed at fp32")
+    assert [(e.backend, e.skipped, e.reference) for e in entries] == [("ds_zero1", None, (2, "local", "bf16")),
+                                                                       ("ds_zero3", None, (2, "local", "bf16"))]
 
 
 @two_gpus("DeepSpeed")

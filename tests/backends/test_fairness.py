@@ -108,17 +108,34 @@ def _ddp_zero(rank: int) -> dict:
 
 
 def _ds_zero2_bf16(rank: int) -> dict:
+    """--ds-mp params (DeepSpeed's bf16 section, whose communication dtype defaults to the model's), then in the same
+    process group the default (its torch_autocast section, which by default marks every Linear and Conv parameter to
+    be reduced in bf16: torch_autocast.py comm_dtype). In this order: DeepSpeed keeps a process-wide flag once autocast
+    is initialised, and caches its groups (a second process group would not do)."""
+    from deepspeed.runtime.torch_autocast import get_comm_dtype
+
     b = backends.create("ds_zero2")
     b.unavailable(tiny_cfg("ds_zero2", "bf16"))  # sets DS_ACCELERATOR=cpu before deepspeed is imported
-    b.setup(tiny_cfg("ds_zero2", "bf16"))
+    b.setup(tiny_cfg("ds_zero2", "bf16", ds_mp="params"))
     try:
         b.batches = synthetic(rank)
         b.train(2)
         info = b.describe()
         keys = ("grad_reduce_dtype", "overlap_comm", "grad_norm", "throughput_timer", "wall_clock_breakdown",
                 "param_dtype")
-        return {**{k: info[k] for k in keys}, "skipped_steps": b.skipped_steps(),
-                "checksum": record.param_checksum(b.full_parameters())}
+        params = {**{k: info[k] for k in keys}, "skipped_steps": b.skipped_steps(),
+                  "checksum": record.param_checksum(b.full_parameters())}
+        a = backends.create("ds_zero2")
+        a.setup(tiny_cfg("ds_zero2", "bf16"))  # the process group exists: setup keeps it
+        a.batches = synthetic(rank)
+        a.train(2)
+        info = a.describe()
+        return {"params": params,
+                "autocast": {"comm_dtypes": sorted({str(get_comm_dtype(p)) for p in a.module.parameters()}),
+                             "buckets": sorted(str(d) for d in a.optimizer.ipg_buckets),
+                             **{k: info[k] for k in ("grad_reduce_dtype", "param_dtype", "autocast_dtype",
+                                                     "optimizer_impl")},
+                             "checksum": record.param_checksum(a.full_parameters())}}
     finally:
         b.teardown()
 
@@ -204,7 +221,17 @@ def test_ddp_zero_broadcasts_bucket_views(two_ranks):
 @pytest.mark.slow
 def test_deepspeed_engine_runs_with_the_fair_settings(two_ranks):
     for rank in two_ranks:
-        assert rank["ds_zero2"] == {
+        assert rank["ds_zero2"]["params"] == {
             "grad_reduce_dtype": "float32",  # DeepSpeed's default at bf16 is bfloat16
             "overlap_comm": True, "grad_norm": "skipped", "throughput_timer": "off", "wall_clock_breakdown": False,
-            "param_dtype": "bfloat16", "skipped_steps": 0, "checksum": two_ranks[0]["ds_zero2"]["checksum"]}
+            "param_dtype": "bfloat16", "skipped_steps": 0, "checksum": two_ranks[0]["ds_zero2"]["params"]["checksum"]}
+
+
+@pytest.mark.slow
+def test_deepspeed_autocast_reduces_every_gradient_in_fp32(two_ranks):
+    for rank in two_ranks:
+        assert rank["ds_zero2"]["autocast"] == {
+            "comm_dtypes": ["torch.float32"],  # DeepSpeed's default would mark the convs and the linear bfloat16
+            "buckets": ["torch.float32"], "grad_reduce_dtype": "float32", "param_dtype": "float32",
+            "autocast_dtype": "bfloat16", "optimizer_impl": "fused",
+            "checksum": two_ranks[0]["ds_zero2"]["autocast"]["checksum"]}

@@ -166,7 +166,8 @@ def throughput_table(ok: list[dict], unit: str) -> str:
         ["backend", unit, "precision", "runs (windows)", "global throughput", "95% interval", "CV across runs",
          "per-device throughput", *last],
         [[f"**{label(r)}** {STAR}" if r["best_at_world_size"] else label(r), r["world_size"], r["precision"],
-          f"{r['runs_ok']} ({len(r['_samples'])})", mark(fmt(r["global_img_s"], rate(r)), r, "throughput"), interval(r),
+          f"{r['runs_ok']} ({len(r['_samples'])})",
+          mark(fmt(r["global_img_s"], rate(r)), r, "throughput") + reference.host_bound_mark(r), interval(r),
           mark(fmt(r["cv_runs_pct"], "%"), r, "cv"), fmt(r["per_device_img_s"], rate(r))]
          + ([fmt(r["global_img_s"] and r["global_img_s"] * seq, "tokens/s", 0)] if seq
             else [duration(epoch_seconds(r["global_img_s"]))] if epoch else [])

@@ -45,6 +45,8 @@ COLUMNS = [
     ("FSDP2 groups, reshard", lambda i: f"{i['fsdp_groups']}, {i['reshard_after_forward']}"
      if i.get("fsdp_groups") is not None else None),
     ("norms, residual in", numerics),
+    ("mixed precision", lambda i: i.get("mixed_precision")),  # fsdp2's and DeepSpeed's: autocast, or half parameters
+    ("optimizer", lambda i: i.get("optimizer_impl")),  # fused, foreach or for-loop, read from the optimizer
 ]
 
 
