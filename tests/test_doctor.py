@@ -406,6 +406,7 @@ def test_measured_runs_that_no_longer_fit_the_budget_are_listed_not_launched(mon
     FakeGpuMachine([__import__("tests.fake_gpu", fromlist=["FakeGpu"]).FakeGpu()]).install(monkeypatch)
     monkeypatch.setattr(environment, "collect_env", lambda *a, **kw: {"gpu_names": ["NVIDIA H100 80GB HBM3"]})
     monkeypatch.setattr(gpu_plan, "run", lambda *a, **kw: {"launches": {}, "complete": True})
+    monkeypatch.setattr(doctor, "baseline_name", lambda gpus: f"NVIDIA-H100-80GB-HBM3-x{gpus}")
     clock = iter(range(0, 100000, 100))  # every reading 100 s later: start, then one reading per planned run
     monkeypatch.setattr(doctor.time, "monotonic", lambda: next(clock))
     launched = []

@@ -521,6 +521,13 @@ def report(manifest: dict | None, folder: Path, names: list[str], tests: dict | 
 # ---------------------------------------------------------------------------------------------------------------
 # The command
 
+def baseline_name(gpus: int) -> str:
+    """The name `make baseline GPUS=N` gives this machine's baseline, asked as make asks it (commands do not import
+    each other)."""
+    return subprocess.run([sys.executable, "-m", "bench", "baseline", "name", "--max-gpus", str(gpus)], cwd=REPO_ROOT,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def cmd_doctor(args) -> int:
     import backends
     from bench import launch
@@ -591,9 +598,8 @@ def cmd_doctor(args) -> int:
     if not args.full:  # the quick tier's measured runs are what time allowed: those left out are not listed
         measured = [r for r in measured if r["status"] != BUDGET]
     baseline_cmd = None
-    if args.full:  # the name `make baseline` will give this machine's baseline, asked as make asks it
-        name = subprocess.run([sys.executable, "-m", "bench", "baseline", "name", "--max-gpus", str(gpus)],
-                              cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    if args.full:
+        name = baseline_name(gpus)
         baseline_cmd = f"make baseline GPUS={gpus}" + (f"  (writes results/baselines/{name}.json)" if name else "")
     text, failed = report(manifest, out / "plan", names, tests, measured, args.full, horovod_built, baseline_cmd)
     print(f"bench doctor ({'full' if args.full else 'quick'}): {gpus} GPU(s) ({gpu_name}), "
