@@ -328,14 +328,14 @@ def test_nothing_in_common_is_an_error(tmp_path, capsys):
 # Bad input: one "bench: error:" line, exit 2, no traceback
 
 @pytest.mark.parametrize("extra,message", [
-    (["--format", "xml"], "unknown format 'xml'; choose from md, json"),
+    (["--format", "xml"], "--format 'xml': unknown format; choose from md, json"),
     (["--threshold", "-0.1"], "--threshold '-0.1'"),
     (["--threshold", "1.5"], "--threshold '1.5'"),
     (["--threshold", "five"], "--threshold 'five'"),
     (["--alpha", "0"], "--alpha '0'"),
     (["--alpha", "1"], "--alpha '1'"),
     (["--alpha", "nan"], "--alpha 'nan'"),
-    (["--test", "ks"], "unknown test 'ks'"),
+    (["--test", "ks"], "--test 'ks': unknown test"),
 ])
 def test_bad_options(tmp_path, capsys, extra, message):
     w = windows(1)
@@ -424,7 +424,7 @@ def test_baseline_save_bad_input(tmp_path, capsys, bad):
     name = "../evil" if bad == "bad-name" else "x"
     code, out, err = save(capsys, "--from", raw, "--name", name, "--out-dir", tmp_path / "b")
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("bench: error:")
-    assert ("no ok records to save" if bad == "empty" else "baseline name '../evil'") in err
+    assert ("no ok records to save" if bad == "empty" else "--name '../evil'") in err
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
 
 

@@ -132,7 +132,7 @@ def test_the_report_shows_mfu_against_both_peaks_and_the_mode(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--threads", 0], "bench: error: --threads 0: a positive number of threads, for the CPU only"),
-    (["--precision", "fp8"], "bench: error: unknown precision fp8; choose from fp32, bf16, fp16"),
+    (["--precision", "fp8"], "bench: error: --precision 'fp8': unknown precision fp8; choose from fp32, bf16, fp16"),
     (["--precision", "fp16"], "bench: error: --precision fp16: the suite trains fp16 on CUDA only"),
 ])
 def test_bad_input_is_one_line(capsys, args, message):

@@ -347,12 +347,12 @@ def test_wait_quiet_waits_within_its_bound():
 def test_wait_quiet_must_be_a_positive_bound(capsys):
     from tests.conftest import cli_error
 
-    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", "1", "--device", "cpu", "--wait-quiet", "0")
-    assert code == 2 and err.strip() == ("bench: error: --wait-quiet 0: expected a positive number of seconds (the "
+    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", "1", "--device", "cpu", "--wait-quiet-s", "0")
+    assert code == 2 and err.strip() == ("bench: error: --wait-quiet-s 0: expected a positive number of seconds (the "
                                          "longest wait before each run)")
     from bench.cli import build_parser
 
-    args = build_parser().parse_args(["run", "--wait-quiet"])
+    args = build_parser().parse_args(["run", "--wait-quiet-s"])
     assert args.wait_quiet == 120.0 and build_parser().parse_args(["run"]).wait_quiet is None  # off by default
 
 

@@ -172,7 +172,7 @@ def test_the_report_compares_the_backends_at_their_best_and_at_the_defaults(tmp_
     (["--budget-s", 0], "bench: error: --budget-s must be a positive number of seconds, got 0"),
     (["--gpus", "1,2"], "bench: error: --gpus 1,2: bench tune searches at one world size (give one number)"),
     (["--reference"], "bench: error: bench tune runs one timed run per candidate; --reference is for bench run"),
-    (["--backends", "nope"], "bench: error: unknown backend nope; choose from single,"),
+    (["--backends", "nope"], "bench: error: --backends 'nope': unknown backend nope; choose from single,"),
 ])
 def test_bad_input_is_one_line(capsys, tmp_path, args, message):
     code, err = cli_error(capsys, "tune", "--device", "cpu", "--results", tmp_path, *map(str, args))

@@ -27,8 +27,8 @@ OWN_FLAGS = ("max_epochs", "eval_every", "base_lr", "base_batch", "lr_scaling", 
              "momentum", "weight_decay", "train_samples")
 # bench run's flags that go with a timed sweep only
 NOT_WITH = {"find_max_batch": "--find-max-batch", "find_max_model": "--find-max-model", "trace": "--trace",
-            "external": "--external", "nnodes": "--nnodes", "wait_quiet": "--wait-quiet", "resume": "--resume"}
-# per sample and epoch, the time limit's allowance (a guard against hangs, not a prediction: --timeout overrides it)
+            "external": "--external", "nnodes": "--nnodes", "wait_quiet": "--wait-quiet-s", "resume": "--resume"}
+# per sample and epoch, the time limit's allowance (a guard against hangs, not a prediction: --timeout-s overrides it)
 SECONDS_PER_SAMPLE = {"cpu": 0.05, "cuda": 0.005}
 
 

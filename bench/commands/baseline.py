@@ -103,7 +103,7 @@ def machine_name(gpus: str | None = None, max_gpus: str | None = None) -> str:
 def _check_name(name: str) -> str:
     name = name[:-5] if name.endswith(".json") else name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise UsageError(f"baseline name {name!r}: use letters, digits, '.', '_' and '-' only (it becomes a file name)")
+        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only (it becomes a file name)")
     return name
 
 
@@ -151,7 +151,7 @@ def cmd_baseline_save(args) -> int:
     except OSError as e:
         if e.errno in DISK_FULL:
             raise  # bench/cli.py: one line, exit 1, like every full disk
-        raise UsageError(f"cannot write baseline {str(final)!r}: {e.strerror or e}")
+        raise UsageError(f"--out-dir: cannot write baseline {str(final)!r}: {e.strerror or e}")
     skipped = len(recs) - len(ok)
     print(f"baseline {name}: {len(clean)} record(s), {doc['configurations']} configuration(s) on "
           f"{'; '.join(doc['hardware'])} -> {final}" + (f" ({skipped} record(s) left out)" if skipped else ""))

@@ -125,9 +125,9 @@ def cmd_compare(args) -> int:
     threshold = _fraction(args.threshold, "threshold", low_inclusive=True)
     alpha = _fraction(args.alpha, "alpha", low_inclusive=False)
     if args.format not in FORMATS:
-        raise UsageError(f"unknown format {args.format!r}; choose from {', '.join(FORMATS)}")
+        raise UsageError(f"--format {args.format!r}: unknown format; choose from {', '.join(FORMATS)}")
     if args.test not in TESTS:
-        raise UsageError(f"unknown test {args.test!r}; choose from welch (Welch's t), mwu (Mann-Whitney U)")
+        raise UsageError(f"--test {args.test!r}: unknown test; choose from welch (Welch's t), mwu (Mann-Whitney U)")
     base = _load_side(args.baseline, "baseline")
     cur = _load_side(args.current, "current")
     result = compare(base, cur, threshold=threshold, alpha=alpha, test=args.test,
