@@ -172,11 +172,15 @@ regress: install
 	done; echo $$status > $(REPORT)/regress.exit; exit $$status
 
 # Record (or, with FORCE=1, replace) the baseline for this machine's GPU model and count from a fresh run of the same
-# configuration. Review the numbers, then commit results/baselines/<name>.json.
+# configuration, each run first waiting up to REGRESS_WAIT_QUIET s for a quiet machine. `bench baseline save` refuses
+# a failed run (exit 1) or disturbed ones (exit 3: every later gate against them would be inconclusive) unless
+# ACCEPT_DISTURBED=1. Review the numbers, then commit results/baselines/<name>.json.
+ACCEPT_DISTURBED ?=
 baseline: install
 	rm -rf $(REGRESS_RESULTS)
-	$(PY) -m bench run --max-gpus $(GPUS) --results $(REGRESS_RESULTS) $(REGRESS_ARGS)
-	$(PY) -m bench baseline save --from $(REGRESS_RESULTS) $(if $(BASELINE),--name $(BASELINE)) $(if $(FORCE),--force)
+	$(PY) -m bench run --max-gpus $(GPUS) --results $(REGRESS_RESULTS) $(REGRESS_ARGS) --wait-quiet-s $(REGRESS_WAIT_QUIET)
+	$(PY) -m bench baseline save --from $(REGRESS_RESULTS) $(if $(BASELINE),--name $(BASELINE)) $(if $(FORCE),--force) \
+	  $(if $(ACCEPT_DISTURBED),--accept-disturbed)
 
 # Mutation testing (docs/tests.md, "Mutation testing"), not part of `make test`: mutmut (pinned, in its own tool venv that
 # reads .venv's packages through a .pth) mutates the functions in MUTANTS, in the files pyproject.toml's [tool.mutmut]
