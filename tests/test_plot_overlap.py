@@ -144,7 +144,8 @@ def test_a_quiet_machine_s_plots_cover_no_data_and_vs_own_appears_only_with_some
     [eff] = [fig for stem, (fig, _) in checked.items() if stem.endswith("efficiency")]
     assert [ax.get_title() for ax in eff.axes] == ["vs single@1", "vs own@1"]
     own = eff.axes[1]
-    assert {line.get_label(): tuple(line.get_xdata()) for line in own.get_lines()}["ddp"] == (1, 2)
+    xs = {line.get_label(): tuple(line.get_xdata()) for line in own.get_lines()}["ddp"]  # dodged beside the others
+    assert tuple(round(x) for x in xs) == (1, 2) and all(abs(x / n - 1) < 0.1 for x, n in zip(xs, (1, 2)))
 
 
 def test_gpu_sweep_plots_with_bars_labels_a_split_and_a_timeline_cover_no_data(tmp_path, checked):

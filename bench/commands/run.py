@@ -11,6 +11,7 @@ from pathlib import Path
 
 import backends
 from bench.commands import _accuracy, _nodes
+from bench.commands._measure import run_watched
 from bench.commands import _reference as reference
 from bench.commands._plan import (add_run_arguments, check_something_runs, check_writable, interleave, loader_unavailable,
                                   plan, skip_reason)
@@ -39,7 +40,6 @@ def register(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from bench import launch
     from bench.commands import _progress as progress
     from bench.commands import _summary as summary
     from bench.launch import machine
@@ -125,12 +125,9 @@ def cmd_run(args) -> int:
                 gpus = machine.run_gpus(cfg.device_type, cfg.world_size // max(1, cfg.nnodes))
                 runs = wait_quiet and not skip_reason(cfg)
                 waited = machine.wait_quiet(cfg.device_type, gpus, wait_quiet, say=bar.say) if runs else None
-                with machine.Watch(cfg.device_type, gpus) as watch:
-                    rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
-                                         rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "",
-                                         unavailable=loader_unavailable(cfg),
-                                         extra_spec={"peak": measured_peak, **({"trace_steps": trace} if trace else {})})
-                rec = machine.attach(rec, watch, results_dir, waited)
+                rec = run_watched(cfg, results_dir, env_meta, gpus=gpus, waited=waited, nodes=nodes,
+                                  rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "", unavailable=loader_unavailable(cfg),
+                                  extra_spec={"peak": measured_peak, **({"trace_steps": trace} if trace else {})})
                 records.append(rec)
                 bar.finish(summary.one_line(rec))
     except KeyboardInterrupt:
