@@ -203,15 +203,16 @@ def gpu_reasons(gpus: list[dict], during: str) -> list[str]:
     return out
 
 
-def machine_reasons(machine: dict, device_type: str) -> list[str]:
-    """Why a run is disturbed (empty: it is not), from the machine state the harness recorded around it."""
+def machine_reasons(machine: dict, device_type: str, windows: str | None = None) -> list[str]:
+    """Why a run is disturbed (empty: it is not), from the machine state the harness recorded around it. ``windows``
+    names the span the watch judged where it was not timed windows (a to-accuracy run's training)."""
     cpus = machine.get("cpus") or 1
     reasons = []
-    for part, during in (("windows", "the timed windows"), ("compute_only", "the compute-only windows")):
+    for part, during in (("windows", windows or "the timed windows"), ("compute_only", "the compute-only windows")):
         why = cpu_reason(machine.get(part), cpus, device_type, during)
         if why:
             reasons.append(why)
-    return reasons + gpu_reasons(machine.get("gpus") or [], "the windows")
+    return reasons + gpu_reasons(machine.get("gpus") or [], windows or "the windows")
 
 
 # ---------------------------------------------------------------------------------------------------
