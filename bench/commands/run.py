@@ -21,7 +21,7 @@ from bench.core.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXI
 from bench.core.flags import add_renamed
 from bench.core.trust import OTHERS_CPU_SHARE
 
-WAIT_QUIET_S = 120.0  # --wait-quiet with no value: the longest wait before each run
+WAIT_QUIET_S = 120.0  # --wait-quiet-s with no value: the longest wait before each run
 
 
 def register(sub) -> None:
