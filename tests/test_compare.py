@@ -354,10 +354,14 @@ def test_missing_path_and_empty_dir(tmp_path, capsys):
     assert code == 2 and err.startswith("bench: error: baseline") and "holds no readable schema-2 records" in err
 
 
-def test_only_failed_records_is_bad_input(tmp_path, capsys):
+def test_only_failed_current_records_fail_the_gate_and_only_failed_baseline_ones_are_bad_input(tmp_path, capsys):
+    """Every current run failed: those runs failed (exit 1, as the exit-code contract says), not bad input; a baseline
+    with no ok run is unusable (exit 2)."""
     b = write(tmp_path / "base", record(windows(1)))
     c = write(tmp_path / "cur", record([], status="failed", reason="boom"))
-    code, _, _, err = gate(capsys, b, c)
+    code, data, _, _ = gate(capsys, b, c, "--format", "json")
+    assert code == 1 and only_row(data)["verdict"] == "failed" and "current run failed: boom" in only_row(data)["notes"]
+    code, _, _, err = gate(capsys, c, b)
     assert code == 2 and "holds no ok records (1 failed, 0 skipped)" in err
 
 
