@@ -1,14 +1,15 @@
 """``python -m bench peak``: the matmul rate this device sustains in each precision mode, measured once and cached per
-device and software (bench/core/peak.py), so every record gives MFU against it as well as against the datasheet. The
-measurement runs in a rank process of its own (bench/rank/peak.py); a sweep's first run measures what it needs
-itself, so this command is for measuring ahead, re-measuring (``--refresh-peak``) and reading the cache."""
+machine, device and software with the load it was measured under (bench/core/peak.py), so every record gives MFU
+against it as well as against the datasheet. The measurement runs in a rank process of its own (bench/rank/peak.py); a
+sweep's first run measures what it needs itself, so this command is for measuring ahead, re-measuring
+(``--refresh-peak``) and reading the cache; an entry measured under load is shown with a warning."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from bench.core import peak
-from bench.core.errors import UsageError
+from bench.core.errors import EXIT_FAILED, EXIT_OK, UsageError, warn
 from bench.core.flags import add_renamed
 
 
@@ -69,6 +70,10 @@ def cmd_peak(args) -> int:
                          threads=threads, timeout=600)
     if rec["status"] != "ok":
         print(f"peak: {rec['status']}: {rec['reason']}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(peak.table(rec["entries"]))
-    return 0
+    for e in rec["entries"]:  # a peak measured (now or before) under load: used, with a warning
+        note = peak.warning(peak.record_fields(e))
+        if note:
+            warn(note)
+    return EXIT_OK

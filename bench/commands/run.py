@@ -109,7 +109,7 @@ def cmd_run(args) -> int:
     # SIGINT ignored, and Python then never installs its KeyboardInterrupt handler, so a `kill -INT` was lost.
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    records, twins = [], []
+    records, twins, peak_warned = [], [], set()
     try:
         with progress.Sweep(len(items)) as bar:
             for i, (what, cfg) in enumerate(items, 1):
@@ -128,6 +128,10 @@ def cmd_run(args) -> int:
                 rec = run_watched(cfg, results_dir, env_meta, gpus=gpus, waited=waited, nodes=nodes,
                                   rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "", unavailable=loader_unavailable(cfg),
                                   extra_spec={"peak": measured_peak, **({"trace_steps": trace} if trace else {})})
+                note = peak.warning(rec.get("peak_measured"))  # once per cache entry and sweep
+                if note and note not in peak_warned:
+                    peak_warned.add(note)
+                    warn(note)
                 records.append(rec)
                 bar.finish(summary.one_line(rec))
     except KeyboardInterrupt:

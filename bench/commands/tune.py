@@ -250,7 +250,7 @@ def cmd_tune(args) -> int:
     env_meta = environment.collect_env(backends.environment(c.backend for c in todo))
     # the records are a sweep's: the same writer, the machine watched, the measured peak as bench run asks for it
     measured_peak = {"cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
-    summaries, first, slowest = [], None, None
+    summaries, first, slowest, peak_warned = [], None, None, set()
     stamp = results.new_run_id("tune", max(c.world_size for c in todo)).split("-tune")[0]
     deadline = start + args.budget_s
     for i, target in enumerate(todo):
@@ -279,6 +279,10 @@ def cmd_tune(args) -> int:
             t0 = time.monotonic()
             rec = run_watched(dataclasses.replace(cfg, timeout=cap), raw, env_meta, extra_spec={"peak": measured_peak})
             took = time.monotonic() - t0
+            note = peak.warning(rec.get("peak_measured"))  # a peak measured under load: used, said once
+            if note and note not in peak_warned:
+                peak_warned.add(note)
+                print(f"warning: {note}", file=sys.stderr)
             status, reason = rec["status"], rec.get("reason")
             if status == "failed" and cap < normal and took >= cap - 1.0:
                 status, reason = "stopped", f"stopped at the end of the budget, after {took:.0f} s"
