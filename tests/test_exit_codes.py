@@ -218,7 +218,7 @@ CASES = {
 # bad input or nothing to run, one per command: (argv, what the one line says)
 BAD = {
     "run": (["run", "--device", "cpu", "--precision", "fp16", *TINY[2:]], "nothing to run: all "),
-    "list": (["list", "--device", "tpu"], "unknown device 'tpu'"),
+    "list": (["list", "--device", "tpu"], "'tpu'"),
     "report": (["report", "--results", "{tmp}/empty"], "nothing to report: "),
     "compare": (["compare", "{tmp}/a", "{tmp}/b"], "baseline '"),
     "baseline save": (["baseline", "save", "--from", "{tmp}/none"], "--from "),
