@@ -10,7 +10,6 @@ disturbed or impossible input (report/caution.py ``withheld``) is not drawn; the
 out and why."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label, legend_outside, rate, save_figure, withheld
@@ -80,7 +79,7 @@ def _plot_throughput(plt, ok, series, color, unit, device):
     base = base or sorted((r for r in ok if r["world_size"] == 1), key=lambda r: -r["global_img_s"])[:1]
     for b in base:
         if not b.get("runs_disturbed"):
-            xs = [1 * 2 ** (i / 8) for i in range(int(8 * math.log2(top)) + 1)] if top > 1 else [1]
+            xs = sorted({1, *(r["world_size"] for r in ok)})  # N x single@1 at each world size measured
             ax.plot(xs, [n * b["global_img_s"] for n in xs], "--", color="gray",
                     label=f"ideal linear: N × {label(b)}@1 {b['precision']}")
     if any(b.get("runs_disturbed") for b in base):
