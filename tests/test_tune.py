@@ -153,6 +153,10 @@ def test_the_best_settings_become_a_bench_run_command_that_plans_them():
                                                     "ddp_static_graph": True}
     assert describe(best) == "batch 16, channels_last, ddp_bucket_mb=100.0, ddp_static_graph"
     assert describe({}) == "the defaults" and describe({"cudnn_benchmark": "off"}) == "cudnn.benchmark off"
+    # the command gives each flag once: a shared --batch-size 2 gives way to the best's --batch-size 4
+    assert tune.reproduce(["--device", "cpu", "--batch-size", "2", "--channels-last", "--backends", "ddp"],
+                          ["--batch-size", "4", "--compile"]) == ["--device", "cpu", "--channels-last", "--backends",
+                                                                  "ddp", "--batch-size", "4", "--compile"]
 
     def configure(settings):
         return plan(parse_run([*base, "--backends", "ddp", "--gpus", "1", *tune.flags_of(settings)]))[0][0]

@@ -303,7 +303,7 @@ def cmd_tune(args) -> int:
         slowest = max([*ran, slowest or 0.0]) or None
         best, default = found["best"], found["default"]
         command = None if best is None else shlex.join(
-            ["python", "-m", "bench", "run", *run_args[:-2], *flags_of(widen_warmup(best["settings"], configure))])
+            ["python", "-m", "bench", "run", *reproduce(run_args[:-2], flags_of(widen_warmup(best["settings"], configure)))])
         status = "ok" if best else "not run" if default["status"] in ("not run", "stopped") else "failed"
         summaries.append({"backend": name, "world_size": n, "status": status,
                           "reason": None if best else default.get("reason") or default.get("verdict"),
@@ -334,6 +334,20 @@ def exit_code(summaries: list[dict]) -> int:
     if any(s.get("disturbed_trials") for s in summaries):
         return EXIT_INCONCLUSIVE
     return EXIT_OK
+
+
+def reproduce(shared: list[str], best: list[str]) -> list[str]:
+    """The shared flags, less those the best settings give another value (``--batch-size 2`` where the best is
+    ``--batch-size 4``: one flag, not two), then the best's."""
+    given = {f for f in best if f.startswith("--")}
+    out, i = [], 0
+    while i < len(shared):
+        if shared[i] in given:
+            i += 1 if i + 1 >= len(shared) or shared[i + 1].startswith("--") else 2
+            continue
+        out.append(shared[i])
+        i += 1
+    return out + best
 
 
 def widen_warmup(settings: dict, configure) -> dict:
