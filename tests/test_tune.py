@@ -211,6 +211,12 @@ def test_the_report_compares_the_backends_at_their_best_and_at_the_defaults(tmp_
     assert v["headline"].startswith("At their best (bench tune): ddp is fastest, 150.0 img/s with batch 16, "
                                     "channels_last (its interval overlaps single: not established)")
     assert report_tune.verdicts(None) == [] and report_tune.section(None) == []
+    # a disturbed best decides nothing: no winner named
+    busy = summary_doc()
+    busy["backends"][1]["best"]["disturbed"] = True
+    [v] = report_tune.verdicts({**busy, "_path": "x"})
+    assert not v["established"] and v["short"] == ("ddp is fastest at its best (150.0 img/s), but trials of ddp were "
+                                                   "disturbed: no winner established.")
 
 
 class FakeTrials:

@@ -56,15 +56,22 @@ def verdicts(doc: dict | None) -> list[dict]:
     at_default = sorted([s for s in ok if s["default"].get("median")], key=lambda s: -s["default"]["median"])
     top, unit = at_best[0], at_best[0]["best"].get("unit", "/s")
     tied = [s["backend"] for s in at_best[1:] if s["best"]["ci95"][1] >= top["best"]["ci95"][0]]
+    # a best or a starting point another process disturbed decides nothing (bench tune exits 3 on them)
+    disturbed = [s["backend"] for s in ok if s["best"].get("disturbed") or (s.get("default") or {}).get("disturbed")]
     head = (f"At their best (bench tune): {top['backend']} is fastest, {top['best']['median']:,.1f} {unit} with "
             f"{tune.describe(top['best']['settings'])}"
             + (f" (its interval overlaps {', '.join(tied)}: not established)" if tied else "")
+            + (f" (trials of {', '.join(disturbed)} were disturbed: not established; bench tune again on a quiet "
+               "machine)" if disturbed and not tied else "")
             + (f"; at the shared defaults {at_default[0]['backend']} was, {at_default[0]['default']['median']:,.1f} "
                f"{unit}." if at_default else "."))
     short = (f"{top['backend']} is fastest at its best ({top['best']['median']:,.1f} {unit})"
-             + (f", within noise of {', '.join(tied)}." if tied else ".")) if len(ok) > 1 else None
+             + (f", within noise of {', '.join(tied)}." if tied else
+                f", but trials of {', '.join(disturbed)} were disturbed: no winner established." if disturbed else "."))\
+        if len(ok) > 1 else None
     return [{"title": f"{doc['hardware']}, {doc['device_type']}: the backends at their best (bench tune)",
-             "hardware": doc["hardware"], "established": not tied and len(ok) > 1, "best": top["backend"],
+             "hardware": doc["hardware"], "established": not tied and not disturbed and len(ok) > 1,
+             "best": top["backend"],
              "headline": head, "short": short, "evidence": [], "alternatives": [], "warnings": []}]
 
 
