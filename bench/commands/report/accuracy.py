@@ -351,8 +351,9 @@ def verdict(group: list[dict]) -> dict:
     disturbed = [r for r in group if r["disturbed"]]
     overlapping = [r for r in rest if r["time_range"][0] <= best["time_range"][1]]
     if not rest and not others:
-        v["headline"] = f"Only {name(best)} ran here: nothing to compare it with."
-        v["short"] = f"Only {name(best)} ran: {evidence(best)}."
+        busy = " (⚠ disturbed)" if best["disturbed"] else ""
+        v["headline"] = f"Only {name(best)} ran here{busy}: nothing to compare it with."
+        v["short"] = f"Only {name(best)} ran{busy}: {evidence(best)}."
     elif disturbed:
         v["headline"] = (f"No winner established: runs of {', '.join(name(r) for r in disturbed)} were disturbed (other "
                          f"processes used the machine while they trained); fastest to {target} by the medians: "
