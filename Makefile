@@ -79,7 +79,9 @@ COLLECTIVES_ARGS ?=
 # Each configuration's plain twin (bench/twins, docs/close-to-the-machine.md) runs beside it: the report's harness
 # overhead; REFERENCE= leaves it out.
 REFERENCE ?= --reference
-# Each step's command is printed, then run (not the shell block that strings them together).
+# Each step's command is printed, then run (not the shell block that strings them together). With one device in the
+# sweep there is no collective to measure (bench collectives would refuse it: exit 2, nothing to run), so it is left out.
+export SEVERAL_DEVICES := import sys; from bench.core.devices import detect_device; sys.exit(detect_device("auto")[1] < 2)
 bench: install
 	@status=0; \
 	echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(DATA_ARGS) $(ARGS))'; \
@@ -90,8 +92,10 @@ bench: install
 	  echo '$(strip $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS))'; \
 	  $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS) || status=1; \
 	fi; \
-	echo '$(strip $(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS))'; \
-	$(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS) || status=1; \
+	if [ "$(GPUS)" != 1 ] && $(PY) -c "$$SEVERAL_DEVICES"; then \
+	  echo '$(strip $(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS))'; \
+	  $(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS) || status=1; \
+	else echo "make bench: one device in the sweep: no collectives to measure"; fi; \
 	echo '$(PY) -m bench overhead --results $(RESULTS)'; \
 	$(PY) -m bench overhead --results $(RESULTS) || status=1; \
 	echo '$(PY) -m bench report --results $(RESULTS) --out $(REPORT)'; \
@@ -158,7 +162,7 @@ gpu-check: venv $(if $(FULL),horovod)
 # Exit status: the gate's when it fails (1: slower or more memory; 2: bad input, e.g. no baseline for this
 # GPU; 3: inconclusive, runs disturbed by other processes or GPU throttling), else bench run's (1 when a run failed).
 # Inconclusive runs the benchmark and the gate again, up to REGRESS_RETRIES times, each run first waiting up to
-# REGRESS_WAIT_QUIET s for a quiet machine (bench run --wait-quiet); still inconclusive, the status is 3. GNU make
+# REGRESS_WAIT_QUIET s for a quiet machine (bench run --wait-quiet-s); still inconclusive, the status is 3. GNU make
 # itself exits 2 whenever a recipe fails, so the status is also written to $(REPORT)/regress.exit for CI to read.
 # Change REGRESS_ARGS only together with the baselines.
 # The run is the statistical unit: 3 interleaved runs of every configuration a side, 5 windows each.
@@ -180,17 +184,21 @@ regress: install
 	  $(PY) -m bench compare "$$base" $(REGRESS_RESULTS) --out $(REPORT)/regress.md; gate=$$?; \
 	  if [ $$gate -ne 0 ]; then status=$$gate; fi; \
 	  if [ $$gate -ne 3 ] || [ $$attempt -ge $(REGRESS_RETRIES) ]; then break; fi; \
-	  attempt=$$((attempt + 1)); quiet="--wait-quiet $(REGRESS_WAIT_QUIET)"; \
+	  attempt=$$((attempt + 1)); quiet="--wait-quiet-s $(REGRESS_WAIT_QUIET)"; \
 	  echo "make regress: inconclusive (disturbed runs); running again ($$attempt of $(REGRESS_RETRIES)), each run" \
 	    "waiting up to $(REGRESS_WAIT_QUIET) s for a quiet machine" >&2; \
 	done; echo $$status > $(REPORT)/regress.exit; exit $$status
 
 # Record (or, with FORCE=1, replace) the baseline for this machine's GPU model and count from a fresh run of the same
-# configuration. Review the numbers, then commit results/baselines/<name>.json.
+# configuration, each run first waiting up to REGRESS_WAIT_QUIET s for a quiet machine. `bench baseline save` refuses
+# a failed run (exit 1) or disturbed ones (exit 3: every later gate against them would be inconclusive) unless
+# ACCEPT_DISTURBED=1. Review the numbers, then commit results/baselines/<name>.json.
+ACCEPT_DISTURBED ?=
 baseline: install
 	rm -rf $(REGRESS_RESULTS)
-	$(PY) -m bench run --max-gpus $(GPUS) --results $(REGRESS_RESULTS) $(REGRESS_ARGS)
-	$(PY) -m bench baseline save --from $(REGRESS_RESULTS) $(if $(BASELINE),--name $(BASELINE)) $(if $(FORCE),--force)
+	$(PY) -m bench run --max-gpus $(GPUS) --results $(REGRESS_RESULTS) $(REGRESS_ARGS) --wait-quiet-s $(REGRESS_WAIT_QUIET)
+	$(PY) -m bench baseline save --from $(REGRESS_RESULTS) $(if $(BASELINE),--name $(BASELINE)) $(if $(FORCE),--force) \
+	  $(if $(ACCEPT_DISTURBED),--accept-disturbed)
 
 # Mutation testing (docs/tests.md, "Mutation testing"), not part of `make test`: mutmut (pinned, in its own tool venv that
 # reads .venv's packages through a .pth) mutates the functions in MUTANTS, in the files pyproject.toml's [tool.mutmut]

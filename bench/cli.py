@@ -1,7 +1,8 @@
-"""Command line: ``python -m bench run | list | report | compare | baseline | loader | ...``.
+"""Command line of the parallel-backend benchmark suite: python -m bench COMMAND (run, list, report, compare, ...).
 
-Bad input ends with one line on stderr naming the bad value and the valid choices, and exit code 2.
-Each command lives in its own module under bench/commands/ and registers its own subparser.
+Bad input ends with one line on stderr naming the bad value and the valid choices, and exit code 2; every exit code
+is in docs/command-line.md ("Exit codes"). Each command lives in its own module under bench/commands/ and registers
+its own subparser.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import importlib
 import sys
 
 from bench.commands import COMMANDS
-from bench.core.errors import DISK_FULL, UsageError
+from bench.core.errors import DISK_FULL, EXIT_FAILED, EXIT_INTERRUPTED, Refused, UsageError
 
 
 def fail(msg: str, code: int = 2):
@@ -46,13 +47,18 @@ def main(argv=None) -> None:
         code = args.func(args)
     except UsageError as e:
         fail(str(e))
+    except Refused as e:
+        fail(str(e), code=e.code)
+    except KeyboardInterrupt:  # Ctrl-C (bench run turns SIGTERM into one too): one line, never a traceback
+        print(f"\ninterrupted: python -m bench {args.command} stopped; what it had finished is kept", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except OSError as e:
         if e.errno not in DISK_FULL:
             raise
         # every result file is written whole or not at all (bench/core/results.write_json_atomic), so stop here
         fail(f"cannot write {e.filename or 'a result file'}: {e.strerror} ({errno.errorcode[e.errno]}); no partial "
              "file was left; free space (or write elsewhere: --results, --out) and run again (bench run --resume "
-             "skips the runs already recorded)", code=1)
+             "skips the runs already recorded)", code=EXIT_FAILED)
     sys.exit(code)
 
 

@@ -117,6 +117,84 @@ def test_bad_to_accuracy_input_is_one_line(capsys, tmp_path, args, message):
     assert not (tmp_path / "raw").exists() or not list((tmp_path / "raw").rglob("*.json"))
 
 
+def test_rules_that_give_the_same_rate_are_one_run_labelled_with_each(tmp_path, monkeypatch, capsys):
+    """Issue 47: at world size 1 the linear and none rules are the same training (the base batch is the global batch),
+    yet both ran, with identical results. One run stands for both, labelled "linear = none"; at 2 workers each rule
+    runs. Planned and launched in process (the launcher is replaced: nothing starts)."""
+    from bench import launch
+    from bench.commands import _accuracy
+
+    s = {"base_lr": 0.05, "base_batch": 16, "scaling": ["linear", "sqrt", "none"]}
+    assert _accuracy.rule_groups(s, 16) == [["linear", "sqrt", "none"]]
+    assert _accuracy.rule_groups(s, 32) == [["linear"], ["sqrt"], ["none"]]
+    assert _accuracy.rule_groups({**s, "scaling": ["none", "linear"]}, 16) == [["none", "linear"]]
+    ran = []
+
+    def run_one(cfg, results_dir, env_meta, backend, extra_spec=None, **kw):
+        ran.append((cfg.backend, cfg.world_size, extra_spec["accuracy"]["scaling"], extra_spec["accuracy"]["rules"]))
+        rec = results.skeleton(cfg.to_dict(), results.new_run_id(cfg.backend, cfg.world_size), env_meta)
+        return {**rec, "status": "skipped", "reason": "not launched here"}
+
+    monkeypatch.setattr(launch, "run_one", run_one)
+    from bench import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--device", "cpu", "--backends", "single,ddp", "--gpus", "1,2", "--data", "learnable",
+                  "--to-accuracy", "0.9", "--batch-size", "16", "--lr-scaling", "linear,none", "--results",
+                  str(tmp_path)])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert ("[1/4] single x1 to 90% top-1: cnn-tiny learnable data, global batch 16, linear = none scaling (the same "
+            "rate: one run) ...") in out
+    assert "[4/4] ddp x2 to 90% top-1: cnn-tiny learnable data, global batch 32, none scaling ..." in out
+    assert ran == [("single", 1, "linear", ["linear", "none"]), ("ddp", 1, "linear", ["linear", "none"]),
+                   ("ddp", 2, "linear", ["linear"]), ("ddp", 2, "none", ["none"])]
+
+
+def test_a_disturbed_to_accuracy_run_says_it_was_its_training_not_timed_windows(tmp_path):
+    """Issue 47: the message said "during the timed windows", but accuracy runs have no windows."""
+    from bench.commands import _accuracy
+
+    machine = {"cpus": 2, "windows": {"others_cpu_share": 0.45, "others_cpu_cores": 0.9}, "gpus": []}
+    rec = {**acc_record("ddp", 2), "machine": machine, "disturbed": True,
+           "disturbed_reasons": ["other processes used 45% of the 2 CPUs (0.90 cores) during the timed windows"]}
+    write(tmp_path, [rec])
+    got = _accuracy.reword(rec, tmp_path)
+    assert got["disturbed_reasons"] == ["other processes used 45% of the 2 CPUs (0.90 cores) during its training "
+                                        "(first step to last evaluation) (limit 10%)"]
+    assert records(tmp_path)[0]["disturbed_reasons"] == got["disturbed_reasons"]  # the record on disk too
+    assert "timed windows" not in _accuracy.one_line(got)
+
+
+def test_coinciding_curves_stay_apart_each_backend_in_its_own_colour_and_marker(tmp_path, monkeypatch):
+    """Issue 47: in the curves plot, single x1 hid under ddp x1 (the same training, the same curve)."""
+    import numpy as np
+    from matplotlib.colors import to_rgb
+
+    from bench.commands.report import accuracy, style
+
+    figures = []
+    monkeypatch.setattr(accuracy, "save_figure", lambda fig, stem, tight=False: figures.append(fig))
+    rows = accuracy.configurations([acc_record("single", 1, "linear", 2, 4.0, rules=["linear", "none"]),
+                                    acc_record("ddp", 1, "linear", 2, 4.0, rules=["linear", "none"]),
+                                    acc_record("ddp", 2, "linear", 3, 3.1)])
+    assert accuracy.draw_curves(rows, tmp_path / "c")
+    [fig] = figures
+    fig.canvas.draw()
+    left_linear = fig.axes[0]
+    lines = [ln for ln in left_linear.get_lines() if ln.get_marker() not in (None, "None", "")]
+    by_colour = {to_rgb(ln.get_color()): ln.get_marker() for ln in lines}
+    assert by_colour == {to_rgb(style.LOOK[b][0]): style.LOOK[b][1] for b in ("single", "ddp")}
+    size = 4 * fig.dpi / 72
+    for ax in fig.axes:
+        pts = [xy for ln in ax.get_lines() if ln.get_marker() not in (None, "None", "")
+               for xy in ax.transData.transform(ln.get_xydata())]
+        assert all(np.linalg.norm(p - q) >= size for p, q in itertools.combinations(pts, 2)), ax.get_ylabel()
+    # one row of plots per rule, the run that stood for both in each
+    assert [ax.get_ylabel() for ax in fig.axes[::3]] == ["held-out top-1 (%), linear scaling",
+                                                         "held-out top-1 (%), none scaling"]
+
+
 # --- records with known values: the report, its verdicts, the gate ------------------------------------------------
 
 SETTINGS = {"target": 0.9, "max_epochs": 10, "eval_every": 1, "base_lr": 0.05, "base_batch": 16, "warmup_epochs": 0.0,
@@ -126,7 +204,8 @@ ENV = {"torch": "2.5.1", "torchvision": "0.20.1", "cpu_model": "Test CPU", "cpu_
        "gpu_names": []}
 
 
-def acc_record(backend, n, rule="linear", epochs=2, time=3.0, thr=1000.0, best=0.85, per_device=16, seed=0, **extra):
+def acc_record(backend, n, rule="linear", epochs=2, time=3.0, thr=1000.0, best=0.85, per_device=16, seed=0, rules=None,
+               **extra):
     """A to-accuracy record: ``epochs`` to 90% in ``time`` s (None: not reached in 10 epochs, best ``best``), a curve
     rising to it, training at ``thr`` samples/s."""
     cfg = dict(backend=backend, launcher="inproc" if backend == "single" else "torchrun", world_size=n,
@@ -153,7 +232,7 @@ def acc_record(backend, n, rule="linear", epochs=2, time=3.0, thr=1000.0, best=0
                steps_per_epoch=steps, samples_per_epoch=steps * gb, train_throughput=thr, curve=curve,
                final_lr=schedule.lr(ran * steps - 1),
                schedule={**schedule.describe(), "warmup_epochs": 0.0, "max_epochs": 10, "eval_every": 1},
-               accuracy_settings={**SETTINGS, "scaling": rule},
+               accuracy_settings={**SETTINGS, "scaling": rule, "rules": rules or [rule]},
                dataset={"kind": "learnable", "classes": 10, "pattern": "a pattern", "train_samples": 2048,
                         "held_out_samples": 300, "reachable_accuracy": 1.0},
                replicas_consistent=True if n > 1 else None, host_peak_rss_bytes=[GiB] * n)
@@ -162,12 +241,10 @@ def acc_record(backend, n, rule="linear", epochs=2, time=3.0, thr=1000.0, best=0
 
 
 def sweep_records():
-    """single x1 at global batch 16 (both rules alike there: 2 epochs), ddp and allreduce_manual x2 at 32: linear
-    needs 3 epochs and ddp is clearly faster (3 runs each, ranges apart); none needs 4, ddp_spawn ran once, and
-    allreduce_manual misses the target."""
-    recs = []
-    for rule in ("linear", "none"):
-        recs += [acc_record("single", 1, rule, 2, t, thr=1000.0) for t in (4.0, 4.2, 4.4)]
+    """single x1 at global batch 16 (both rules give it the same rate: one run stands for both, 2 epochs), ddp and
+    allreduce_manual x2 at 32: linear needs 3 epochs and ddp is clearly faster (3 runs each, ranges apart); none needs
+    4, ddp_spawn ran once, and allreduce_manual misses the target."""
+    recs = [acc_record("single", 1, "linear", 2, t, thr=1000.0, rules=["linear", "none"]) for t in (4.0, 4.2, 4.4)]
     recs += [acc_record("ddp", 2, "linear", 3, t, thr=2000.0) for t in (3.0, 3.1, 3.2)]
     recs += [acc_record("allreduce_manual", 2, "linear", 3, t, thr=1700.0) for t in (3.6, 3.7, 3.8)]
     recs += [acc_record("ddp", 2, "none", 4, t, thr=2000.0) for t in (4.0, 4.1, 4.2)]
@@ -203,7 +280,7 @@ def test_the_section_tables_time_to_accuracy_beside_the_throughput_only_predicti
     section = md[md.index("## Time to accuracy (bench run --to-accuracy)"):]
     assert "### cnn-tiny 16px, learnable data, fp32: to 90% top-1 within 10 epochs, base lr 0.05 at batch 16, cosine " \
            "decay, evaluated every epoch · CPU: Test CPU (cpu)" in section
-    assert "Reference for the prediction: single x1 at global batch 16 (none scaling), 2 epochs." in section
+    assert "Reference for the prediction: single x1 at global batch 16 (linear = none scaling), 2 epochs." in section
     # ddp x2, linear: 3 epochs (192 steps of 32) in 3.1 s (3.0-3.2); at 2000 img/s the reference's 2 epochs of 2048
     # samples promise 2.048 s: it arrives 3.1 / 2.048 = 1.51x later than its throughput promised
     rows = [r for r in section.splitlines() if r.startswith("| ddp x2 | 2 | 32 | linear |")]
@@ -213,7 +290,9 @@ def test_the_section_tables_time_to_accuracy_beside_the_throughput_only_predicti
     none = [r for r in section.splitlines() if r.startswith("| allreduce_manual x2 | 2 | 32 | none |")][0]
     assert "not reached (best 85.0%)" in none and "| 0.05 |" in none
     # the reference itself: its own 2 epochs at 1000 img/s promise 4.096 s; it took 4.2 s (evaluation, start-up)
-    assert row_of(section, "single x1")[6:13] == ["2", "256", "4.2 s (4.0–4.4)", "0.2 s", "1,000 img/s", "4.1 s", "1.03"]
+    assert row_of(section, "single x1")[3:13] == ["linear = none", "0.05", "3", "2", "256", "4.2 s (4.0–4.4)", "0.2 s",
+                                                  "1,000 img/s", "4.1 s", "1.03"]
+    assert len([r for r in section.splitlines() if r.startswith("| single x1 |")]) == 1  # one run, one row
     plots = sorted(p.name for p in (out / "plots").glob("accuracy-*.svg"))
     assert len(plots) == 2 and plots[0].endswith("-curves.svg") and plots[1].endswith("-epochs.svg")
     assert md.count("![time to accuracy](plots/") == 1 and md.count("![epochs to accuracy](plots/") == 1
@@ -233,8 +312,27 @@ def test_the_verdict_names_the_fastest_only_when_the_runs_spreads_allow_it(made_
                                             "ddp_spawn x2 ran once")
     assert ("- allreduce_manual x2: not reached in 3 of 3 runs (best top-1 85.0% within 10 epochs)"
             in none.split("###")[0])
-    # one backend alone at 1 worker: nothing to compare
-    assert "**Only single x1 ran here: nothing to compare it with.**" in verdict
+    # one backend alone at 1 worker: nothing to compare, once for the two rules its run stood for
+    assert ("time to 90% top-1, linear = none scaling, global batch 16, 1 CPU worker\n\n**Only single x1 ran here: "
+            "nothing to compare it with.**\n\n- single x1: 4.2 s to 90% top-1 (3 runs, 4.0–4.4 s)") in verdict
+
+
+def test_the_verdict_s_first_screen_has_a_line_for_every_group(tmp_path, capsys):
+    """Issue 47: the printed verdict left out the linear x2 group, the one that reached the target: a group with one
+    configuration had no line of its own."""
+    src = write(tmp_path / "raw" / "accuracy", [acc_record("single", 1, "linear", 2, t, rules=["linear", "none"])
+                                                 for t in (4.0, 4.2)]
+                + [acc_record("ddp", 2, "linear", 3, 3.1), acc_record("ddp", 2, "none", None, best=0.6)]).parent
+    assert report.cmd_report(argparse.Namespace(results=str(src), out=str(tmp_path / "rep"))) == 0
+    lines = capsys.readouterr().out.split("\n== Verdict\n")[1].strip().splitlines()
+    assert lines == [
+        "On CPU: Test CPU:",
+        "  cnn-tiny 16px learnable data, fp32: time to 90% top-1, linear scaling, global batch 32, 2 CPU workers: Only "
+        "ddp x2 ran: 3.1 s to 90% top-1 (one run), 3 epochs, of which evaluation 0.3 s.",
+        "  cnn-tiny 16px learnable data, fp32: time to 90% top-1, linear = none scaling, global batch 16, 1 CPU worker: "
+        "Only single x1 ran: 4.1 s to 90% top-1 (2 runs, 4.0–4.2 s), 2 epochs, of which evaluation 0.2 s.",
+        "  cnn-tiny 16px learnable data, fp32: time to 90% top-1, none scaling, global batch 32, 2 CPU workers: No "
+        "backend reached 90% top-1 in every run."]
 
 
 def test_the_verdict_names_no_winner_when_the_runs_overlap_or_were_disturbed(tmp_path):
@@ -293,7 +391,7 @@ def test_the_section_in_headless_chromium(made_report):
     assert "Fastest here: ddp x2 to 90% top-1, but no winner established" in dom["verdict"]
     assert [p[0] for p in dom["plots"]] == ["time to accuracy", "epochs to accuracy"]
     assert all(complete and width > 500 for _, complete, width in dom["plots"])  # drawn, not a broken image
-    assert dom["rows"] == 7 and "throughput-only prediction" in dom["section"]
+    assert dom["rows"] == 6 and "throughput-only prediction" in dom["section"]  # single x1: one run for two rules
     assert "3.1 s (3.0–3.2)" in dom["section"] and "not reached (best 85.0%)" in dom["section"]
 
 

@@ -13,9 +13,9 @@ SMALL = ["--device", "cpu", "--gpus", "1", "--backends", "single"]
                             "stride-32 stages leave a 1x1 map, not an image workload)"),
     (["--image-size", "64", "--model", "inception_v3"], "--image-size 64: too small for inception_v3; use at least 75 "
                                                         "(inception_v3's smallest input (75 px, torchvision))"),
-    (["--backends", "dpp"], "unknown backend dpp (did you mean dp or ddp?); choose from single, dp, ddp, ddp_spawn, "
+    (["--backends", "dpp"], "--backends 'dpp': unknown backend dpp (did you mean dp or ddp?); choose from single, dp, ddp, ddp_spawn, "
                             "ddp_amp_syncbn, horovod, fsdp2, ds_zero1, ds_zero2, ds_zero3, ddp_zero, allreduce_manual"),
-    (["--backends", "nothing_like_it"], "unknown backend nothing_like_it; choose from single, dp, ddp, ddp_spawn, "
+    (["--backends", "nothing_like_it"], "--backends 'nothing_like_it': unknown backend nothing_like_it; choose from single, dp, ddp, ddp_spawn, "
                                         "ddp_amp_syncbn, horovod, fsdp2, ds_zero1, ds_zero2, ds_zero3, ddp_zero, "
                                         "allreduce_manual"),
 ])
@@ -52,9 +52,9 @@ def test_a_results_path_that_is_a_file_says_so(tmp_path, capsys):
     path = tmp_path / "results.json"
     path.write_text("{}")
     code, err = cli_error(capsys, "run", *SMALL, "--results", path)
-    assert (code, err) == (2, f"bench: error: results directory {str(path)!r} is a file, not a directory\n")
+    assert (code, err) == (2, f"bench: error: --results {str(path)!r} is a file, not a directory\n")
     code, err = cli_error(capsys, "report", "--results", path)
-    assert (code, err) == (2, f"bench: error: results directory {str(path)!r} is a file, not a directory\n")
+    assert (code, err) == (2, f"bench: error: --results {str(path)!r} is a file, not a directory\n")
 
 
 TRACEBACK = """$ /venv/bin/python -m torch.distributed.run --standalone --nproc-per-node=2 -m bench.rank --spec s.json

@@ -33,7 +33,7 @@ def _bench_popen(*args, env=None, results_dir=None):
 
 def _node(rank, port, results_dir, fault=None):
     return _bench_popen("--nnodes", 2, "--node-rank", rank, "--rdzv-endpoint", f"127.0.0.1:{port}",
-                        "--rdzv-timeout", 120, "--gpus", 1, "--backends", "ddp", "--timeout", 400, *ENDLESS,
+                        "--rdzv-timeout-s", 120, "--gpus", 1, "--backends", "ddp", "--timeout-s", 400, *ENDLESS,
                         "--results", results_dir, env={"BENCH_FAULT": fault} if fault else None)
 
 

@@ -171,8 +171,9 @@ def test_collectives_over_gloo_and_horovod(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--gpus", "1"], "bench: error: collectives need at least 2 ranks; got --gpus 1"),
-    (["--ops", "all_to_all"], "bench: error: unknown collective all_to_all; choose from all_reduce, reduce_scatter"),
+    (["--gpus", "1"], "bench: error: nothing to run: collectives need at least 2 ranks; got --gpus 1"),
+    (["--ops", "all_to_all"], "bench: error: --ops 'all_to_all': unknown collective all_to_all; choose from all_reduce, "
+                              "reduce_scatter"),
     (["--max-bytes", "lots"], "bench: error: message size 'lots': expected bytes or a size such as 4K, 16M, 1G"),
 ])
 def test_collectives_bad_input(tmp_path, args, message, capsys):

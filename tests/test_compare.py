@@ -328,14 +328,14 @@ def test_nothing_in_common_is_an_error(tmp_path, capsys):
 # Bad input: one "bench: error:" line, exit 2, no traceback
 
 @pytest.mark.parametrize("extra,message", [
-    (["--format", "xml"], "unknown format 'xml'; choose from md, json"),
+    (["--format", "xml"], "--format 'xml': unknown format; choose from md, json"),
     (["--threshold", "-0.1"], "--threshold '-0.1'"),
     (["--threshold", "1.5"], "--threshold '1.5'"),
     (["--threshold", "five"], "--threshold 'five'"),
     (["--alpha", "0"], "--alpha '0'"),
     (["--alpha", "1"], "--alpha '1'"),
     (["--alpha", "nan"], "--alpha 'nan'"),
-    (["--test", "ks"], "unknown test 'ks'"),
+    (["--test", "ks"], "--test 'ks': unknown test"),
 ])
 def test_bad_options(tmp_path, capsys, extra, message):
     w = windows(1)
@@ -354,10 +354,14 @@ def test_missing_path_and_empty_dir(tmp_path, capsys):
     assert code == 2 and err.startswith("bench: error: baseline") and "holds no readable schema-2 records" in err
 
 
-def test_only_failed_records_is_bad_input(tmp_path, capsys):
+def test_only_failed_current_records_fail_the_gate_and_only_failed_baseline_ones_are_bad_input(tmp_path, capsys):
+    """Every current run failed: those runs failed (exit 1, as the exit-code contract says), not bad input; a baseline
+    with no ok run is unusable (exit 2)."""
     b = write(tmp_path / "base", record(windows(1)))
     c = write(tmp_path / "cur", record([], status="failed", reason="boom"))
-    code, _, _, err = gate(capsys, b, c)
+    code, data, _, _ = gate(capsys, b, c, "--format", "json")
+    assert code == 1 and only_row(data)["verdict"] == "failed" and "current run failed: boom" in only_row(data)["notes"]
+    code, _, _, err = gate(capsys, c, b)
     assert code == 2 and "holds no ok records (1 failed, 0 skipped)" in err
 
 
@@ -380,10 +384,10 @@ def save(capsys, *argv):
 
 def test_baseline_save_writes_ok_records_and_compares(tmp_path, capsys):
     raw = write(tmp_path / "raw", record(windows(1)), record(windows(2), world_size=4),
-                record([], backend="dp", status="failed", reason="boom"))
+                record([], backend="dp", status="skipped", reason="not here"))
     code, out, _ = save(capsys, "--from", raw, "--name", "nightly", "--out-dir", tmp_path / "baselines")
     path = tmp_path / "baselines" / "nightly.json"
-    assert code == 0 and str(path) in out
+    assert code == 0 and str(path) in out and "(1 record(s) left out)" in out
     doc = json.loads(path.read_text())
     assert doc["schema"] == 1 and doc["name"] == "nightly" and doc["created_at"]
     assert len(doc["records"]) == 2 and all(r["status"] == "ok" for r in doc["records"])
@@ -392,6 +396,49 @@ def test_baseline_save_writes_ok_records_and_compares(tmp_path, capsys):
     assert len(results.load(path)) == 2
     code, data, _, _ = gate(capsys, path, raw, "--format", "json")
     assert code == 0 and [r["verdict"] for r in data["rows"]] == ["no significant change"] * 2
+
+
+QUIET = {"cpus": 2, "load_before": [1.3, 1.1, 0.9], "load_after": [2.1, 1.4, 1.0],
+         "windows": {"others_cpu_share": 0.03, "others_cpu_cores": 0.06}}
+BUSY = {"cpus": 2, "load_before": [3.5, 2.0, 1.0], "load_after": [4.6, 2.5, 1.2],
+        "windows": {"others_cpu_share": 0.45, "others_cpu_cores": 0.9}}
+BUSY_WHY = "other processes used 45% of the 2 CPUs (0.90 cores) during the timed windows (limit 10%)"
+
+
+def test_baseline_save_refuses_failed_or_disturbed_runs_unless_accepted_and_records_the_load(tmp_path, capsys):
+    """Issue 47: `make baseline` saved 6 disturbed records without a word, and every later gate against them was
+    inconclusive. A failed run is refused with exit 1, disturbed runs with exit 3 (inconclusive, as the gate calls
+    them), one line naming the runs and why, nothing written; --accept-disturbed saves the ok runs and says so."""
+    out_dir = tmp_path / "b"
+    clean = record(windows(1), machine=QUIET, disturbed=False, disturbed_reasons=[])
+    busy = record(windows(2), world_size=4, machine=BUSY, disturbed=True, disturbed_reasons=[BUSY_WHY])
+    crashed = record([], backend="dp", status="failed", reason="rank 1 exited with SIGKILL (out of memory?)")
+    raw = write(tmp_path / "failed", clean, crashed)
+    code, out, err = save(capsys, "--from", raw, "--name", "x", "--out-dir", out_dir)
+    assert (code, out, err) == (1, "", f"bench: error: --from {str(raw)!r}: 1 failed run (dp x2 fp32: rank 1 exited "
+                                       "with SIGKILL (out of memory?)); a baseline holds only clean runs: fix and "
+                                       "re-run, or pass --accept-disturbed to save the ok runs anyway\n")
+    raw = write(tmp_path / "disturbed", clean, busy)
+    code, out, err = save(capsys, "--from", raw, "--name", "x", "--out-dir", out_dir)
+    assert (code, out, err) == (3, "", f"bench: error: --from {str(raw)!r}: 1 of 2 ok runs disturbed (ddp x4 fp32: "
+                                       f"{BUSY_WHY}); every comparison against it would be inconclusive: record it on "
+                                       "a quiet machine (bench run --wait-quiet-s), or pass --accept-disturbed\n")
+    assert not out_dir.exists()
+    write(raw, crashed)
+    code, out, err = save(capsys, "--from", raw, "--name", "x", "--out-dir", out_dir, "--accept-disturbed")
+    doc = json.loads((out_dir / "x.json").read_text())
+    assert code == 0 and len(doc["records"]) == 2 and {r["status"] for r in doc["records"]} == {"ok"}
+    assert doc["load"] == {"runs": 2, "watched_runs": 2, "disturbed_runs": 1, "cpus": 2,
+                           "load_average_1m": [1.3, 4.6], "others_cpu_share_max": 0.45, "accepted_disturbed": True}
+    assert ("load average 1.3-4.6 on 2 CPUs, other processes at most 45% of the CPUs while timed, 1 of 2 runs "
+            "disturbed") in out
+    assert err == ("warning: baseline x was saved with --accept-disturbed: 1 disturbed run(s) in it, 1 failed left out; "
+                   "comparisons against its disturbed configurations will be inconclusive (exit 3)\n")
+    # a clean one records its load too, and was not accepted as disturbed
+    code, out, _ = save(capsys, "--from", write(tmp_path / "clean", clean), "--name", "y", "--out-dir", out_dir)
+    assert code == 0 and json.loads((out_dir / "y.json").read_text())["load"] == {
+        "runs": 1, "watched_runs": 1, "disturbed_runs": 0, "cpus": 2, "load_average_1m": [1.3, 2.1],
+        "others_cpu_share_max": 0.03, "accepted_disturbed": False}
 
 
 def test_baseline_save_refuses_overwrite_without_force(tmp_path, capsys):
@@ -424,7 +471,7 @@ def test_baseline_save_bad_input(tmp_path, capsys, bad):
     name = "../evil" if bad == "bad-name" else "x"
     code, out, err = save(capsys, "--from", raw, "--name", name, "--out-dir", tmp_path / "b")
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("bench: error:")
-    assert ("no ok records to save" if bad == "empty" else "baseline name '../evil'") in err
+    assert ("no ok records to save" if bad == "empty" else "--name '../evil'") in err
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
 
 

@@ -417,7 +417,7 @@ def test_measured_runs_that_no_longer_fit_the_budget_are_listed_not_launched(mon
 
     monkeypatch.setattr(launch, "run_one", run_one)
     with pytest.raises(SystemExit) as e:
-        cli.main(["doctor", "--full", "--skip-tests", "--budget-s", "450", "--run-timeout", "150",
+        cli.main(["doctor", "--full", "--skip-tests", "--budget-s", "450", "--run-timeout-s", "150",
                   "--results", str(tmp_path)])
     assert e.value.code == 1  # runs left out of the full check: it did not finish
     # the clock reads 0 at the start, then 100 s more before each planned run: 350, 250, 150 s left get the per-run

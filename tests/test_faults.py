@@ -50,7 +50,7 @@ def test_rank_crash_fails_only_its_run(results_dir):
 @pytest.mark.slow
 def test_hang_is_killed_at_the_timeout_and_leaves_nothing_behind(results_dir):
     t0 = time.monotonic()
-    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--timeout", 15, "--results", results_dir,
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--timeout-s", 15, "--results", results_dir,
                         env={"BENCH_FAULT": "hang@rank1"})
     assert proc.returncode == 1
     assert time.monotonic() - t0 < 120

@@ -78,7 +78,7 @@ def verdict_lines(console: str) -> list[str]:
 # The console: the verdict last, short, in a fixed order; each warning once
 
 def test_the_console_verdict_of_a_busy_machine_is_short_and_in_order(tmp_path):
-    md, _, console, _ = report_of(tmp_path, busy_sweep())
+    md, _, console, out = report_of(tmp_path, busy_sweep())
     lines = verdict_lines(console)
     assert lines == [
         "On CPU: Xeon:",
@@ -92,13 +92,20 @@ def test_the_console_verdict_of_a_busy_machine_is_short_and_in_order(tmp_path):
         "  fsdp2 ×2 (resnet50 224px) failed: RuntimeError: gloo connection reset by peer",
         "  skipped here: dp ×2 (why: REPORT.md, Skipped and failed runs)",
         "Warnings, one line per kind (each configuration's are under its workload's tables in REPORT.md):",
-        "  ⚠ disturbed: 10 of 10 runs: other processes used 36-64% of the CPUs; re-run with `--wait-quiet`",
+        "  ⚠ disturbed: 10 of 10 runs: other processes used 36-64% of the CPUs; re-run with `--wait-quiet-s`",
         "  ⚠ impossible efficiency: 3 configurations: scaling efficiency 117-132% (limits 0 and 105%), not shown; "
-        "re-run the baseline with `--repeat 3 --wait-quiet`",
+        "re-run the baseline with `--repeat 3 --wait-quiet-s`",
         "  ⚠ negative loss component: 1 configuration: scaling-loss or exposed shares of -45% (limit -5%), not shown; "
-        "re-run with `--wait-quiet`",
+        "re-run with `--wait-quiet-s`",
     ]
     assert len(lines) <= 12
+    # REPORT.md and REPORT.html point to their own section, as a link (issue 47: "REPORT.md, Skipped and failed runs"
+    # on the page itself); the console names the file and the section
+    assert "- skipped here: dp ×2 (why: [Skipped and failed runs](#skipped-and-failed-runs))" in md
+    page = (out / "REPORT.html").read_text()
+    assert '(why: <a href="#skipped-and-failed-runs">Skipped and failed runs</a>)' in page
+    assert page.count('<h3 id="skipped-and-failed-runs">Skipped and failed runs</h3>') == 1
+    assert "REPORT.md, Skipped" not in page
     # the verdict is the console's last lines, and each warning is printed once: no per-run or per-configuration
     # warning line anywhere on the console (the tables carry the marks), the kind's line once
     assert console.rstrip("\n").endswith(lines[-1])
@@ -151,14 +158,14 @@ def test_one_line_per_kind_with_counts_ranges_and_what_to_do():
              w(trust.UNSTABLE, "a", "x", "cv", ("a",), figures=[35.6])]
     assert trust.by_kind(found, 10) == [
         "⚠ disturbed: 3 of 10 runs: other processes used 36-64% of the CPUs; another process on a GPU; re-run with "
-        "`--wait-quiet`",
+        "`--wait-quiet-s`",
         "⚠ unstable: 1 configuration: run-to-run CV 36% (limit 5% on GPUs, 15% on CPUs); repeat with `--repeat 5`",
         "⚠ impossible efficiency: 1 configuration: scaling efficiency 117-259% (limits 0 and 105%), not shown; re-run "
-        "the baseline with `--repeat 3 --wait-quiet`",
+        "the baseline with `--repeat 3 --wait-quiet-s`",
         "⚠ negative loss component: 1 configuration: scaling-loss or exposed shares of -198 to -184% (limit -5%), not "
-        "shown; re-run with `--wait-quiet`",
+        "shown; re-run with `--wait-quiet-s`",
         "⚠ same computation apart: 2 backends at world size 1: 0.04-1.58x single's throughput (limit 1.25x either "
-        "way); re-run both with `--repeat 3 --wait-quiet`; `--trace` says where the time goes"]
+        "way); re-run both with `--repeat 3 --wait-quiet-s`; `--trace` says where the time goes"]
     assert trust.by_kind([], 10) == []
 
 
@@ -325,14 +332,16 @@ def test_report_html_first_screen_on_a_busy_machine(tmp_path, viewport):
     # one line per kind of warning; the console's lines, as the page shows them (`code` without its backticks)
     assert seen["verdict_fits"] and seen["headings"][0] == "Verdict"
     items = [text for section, text in seen["items"] if section == "verdict"]
-    lines = [x.strip().replace("`", "") for x in verdict_lines(console)]
+    # (the page links its own section where the console names REPORT.md's)
+    lines = [x.strip().replace("`", "").replace("REPORT.md, Skipped", "Skipped") for x in verdict_lines(console)]
     assert items == [x for x in lines if not x.endswith(":") and not x.startswith("CPU worker")]
+    assert "skipped here: dp ×2 (why: Skipped and failed runs)" in items
     assert [x for x in items if x.startswith("⚠")] == [
-        "⚠ disturbed: 10 of 10 runs: other processes used 36-64% of the CPUs; re-run with --wait-quiet",
+        "⚠ disturbed: 10 of 10 runs: other processes used 36-64% of the CPUs; re-run with --wait-quiet-s",
         "⚠ impossible efficiency: 3 configurations: scaling efficiency 117-132% (limits 0 and 105%), not shown; re-run "
-        "the baseline with --repeat 3 --wait-quiet",
+        "the baseline with --repeat 3 --wait-quiet-s",
         "⚠ negative loss component: 1 configuration: scaling-loss or exposed shares of -45% (limit -5%), not shown; "
-        "re-run with --wait-quiet"]
+        "re-run with --wait-quiet-s"]
     not_a_wall(seen, items)
 
 

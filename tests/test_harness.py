@@ -46,7 +46,8 @@ def test_repeats_run_interleaved_and_resume_runs_only_what_has_no_ok_record(resu
     lines = [ln for ln in again.stdout.splitlines() if ln.startswith("[")]
     assert [ln.split(" on ")[0] for ln in lines] == ["[1/3] ddp_amp_syncbn x1", "[2/3] single x1",
                                                      "[3/3] ddp_amp_syncbn x1"]
-    assert lines[0].endswith("(repeat 1/2) ...") and all(ln.endswith("(repeat 2/2) ...") for ln in lines[1:])
+    # (each line after the first ends with the sweep's ETA: "... (0:00:12 elapsed, ETA 0:00:24)")
+    assert lines[0].endswith("(repeat 1/2) ...") and all("(repeat 2/2) ... (" in ln for ln in lines[1:])
     ok = sorted((r["backend"], r["repeat_index"], r["repeats"]) for r in records(results_dir) if r["status"] == "ok")
     assert ok == [("single", 1, 1), ("single", 2, 2)]
 
@@ -70,20 +71,22 @@ def test_world_sizes_sweep_powers_of_two_and_the_top():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--backends", "nope"], "bench: error: unknown backend nope; choose from single, dp, ddp, ddp_spawn"),
-    (["--model", "notamodel"], "bench: error: unknown model 'notamodel'; choose a torchvision classification model ("),
+    (["--backends", "nope"], "bench: error: --backends 'nope': unknown backend nope; choose from single, dp, ddp, "
+                             "ddp_spawn"),
+    (["--model", "notamodel"], "bench: error: --model 'notamodel': unknown model; choose a torchvision classification "
+                               "model ("),
     (["--gpus", "64"], "bench: error: --gpus 64: this machine has "),
-    (["--batch-size", "0"], "bench: error: batch-size must be a positive integer, got 0"),
-    (["--steps", "-1"], "bench: error: steps must be a positive integer, got -1"),
-    (["--windows", "0"], "bench: error: windows must be a positive integer, got 0"),
-    (["--precision", "fp8"], "bench: error: unknown precision 'fp8'; choose from fp32, fp16, bf16"),
+    (["--batch-size", "0"], "bench: error: --batch-size must be a positive integer, got 0"),
+    (["--steps", "-1"], "bench: error: --steps must be a positive integer, got -1"),
+    (["--windows", "0"], "bench: error: --windows must be a positive integer, got 0"),
+    (["--precision", "fp8"], "bench: error: --precision 'fp8': unknown precision; choose from fp32, fp16, bf16"),
     (["--gpus", "one"], "bench: error: --gpus 'one': expected comma-separated positive integers such as 1,2,4"),
-    (["--timeout", "-1"], "bench: error: timeout must be a positive number of seconds, got -1.0"),
+    (["--timeout-s", "-1"], "bench: error: --timeout-s must be a positive number of seconds, got -1.0"),
     (["--backends", "single", "--gpus", "2"], "bench: error: nothing to run: single not planned at world size 2: the "
                                              "scaling baseline runs on 1 device only"),
     (["--batch-size", "big"], "bench: error: argument --batch-size: invalid int value: 'big' (see python -m bench run --help)"),
     (["--hvd-compression", "zip"], "bench: error: argument --hvd-compression: invalid choice: 'zip'"),
-    (["--warmup", "1"], "bench: error: warmup 1 is too short to reach steady state; use at least 2 (step 1 pays "
+    (["--warmup", "1"], "bench: error: --warmup 1 is too short to reach steady state; use at least 2 (step 1 pays "
                         "lazy initialisation and cuDNN's algorithm search, and DDP rebuilds its gradient buckets at "
                         "step 2)"),
     (["--repeat", "0"], "bench: error: --repeat must be a positive integer, got 0"),
@@ -104,7 +107,7 @@ def test_unwritable_results_directory(tmp_path):
     blocker.write_text("not a directory")
     proc = bench_inproc("run", "--backends", "single", "--gpus", 1, *TINY, "--results", blocker / "raw")
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith(f"bench: error: results directory '{blocker / 'raw'}' is not writable")
+    assert proc.stderr.strip().startswith(f"bench: error: --results '{blocker / 'raw'}' is not writable")
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

@@ -274,8 +274,8 @@ def test_loader_ceiling_for_every_loader_and_the_input_bound_report(tree, tmp_pa
 @pytest.mark.parametrize("args,message", [
     (["--data", "imagenet", "--decode", "gpu"], ("--decode gpu decodes on a CUDA device (nvJPEG); this run is on "
                                                  "cpu: use --decode cpu")),
-    (["--data", "imagenet", "--loader", "ffcv"], "unknown loader 'ffcv'; choose from torchvision, dali"),
-    (["--data", "imagenet", "--decode", "npu"], "unknown decode 'npu'; choose from cpu, gpu"),
+    (["--data", "imagenet", "--loader", "ffcv"], "--loader 'ffcv': unknown loader; choose from torchvision, dali"),
+    (["--data", "imagenet", "--decode", "npu"], "--decode 'npu': unknown decode; choose from cpu, gpu"),
     (["--loader", "dali"], "--loader and --decode are for --data imagenet; synthetic data is a fixed batch on the device"),
 ])
 def test_bad_loader_flags(tree, tmp_path, capsys, args, message):
@@ -288,7 +288,7 @@ def test_bad_loader_flags(tree, tmp_path, capsys, args, message):
 @pytest.mark.mutation
 def test_bench_loader_bad_choice(tree, capsys):
     code, err = cli_error(capsys, "loader", "--data-dir", tree, "--loaders", "ffcv")
-    assert code == 2 and err == "bench: error: unknown loader ffcv; choose from torchvision, dali or all\n"
+    assert code == 2 and err == "bench: error: --loaders 'ffcv': unknown loader ffcv; choose from torchvision, dali or all\n"
 
 
 @pytest.mark.mutation

@@ -23,7 +23,7 @@ def free_port() -> int:
 def start_node(rank: int, port: int, results, *args, timeout=60):
     """One node's `bench run`, in the background, as a user starts it on each machine."""
     cmd = [sys.executable, "-m", "bench", "run", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint",
-           f"127.0.0.1:{port}", "--rdzv-timeout", str(timeout), "--gpus", "1", "--results", str(results), *args]
+           f"127.0.0.1:{port}", "--rdzv-timeout-s", str(timeout), "--gpus", "1", "--results", str(results), *args]
     env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
     return subprocess.Popen(list(map(str, cmd)), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

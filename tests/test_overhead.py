@@ -86,7 +86,7 @@ def test_bad_input_is_one_line(capsys):
     code, err = cli_error(capsys, "overhead", "--steps", 0)
     assert (code, err) == (2, "bench: error: --steps must be a positive integer, got 0\n")
     code, err = cli_error(capsys, "overhead", "--backends", "nope")
-    assert code == 2 and err.startswith("bench: error: unknown backend nope; choose from single, dp,")
+    assert code == 2 and err.startswith("bench: error: --backends 'nope': unknown backend nope; choose from single, dp,")
 
 
 @pytest.mark.mutation

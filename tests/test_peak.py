@@ -13,16 +13,23 @@ from bench.core import peak, results
 from tests.conftest import bench_inproc, cli_error
 
 
-def cpu_key(precision="fp32", threads=1):
-    return peak.key("cpu", "CPU: EPYC", "2.15.0", None, precision, None, threads)
+def cpu_key(precision="fp32", threads=1, machine="node1"):
+    return peak.key("cpu", "CPU: EPYC", "2.15.0", None, precision, None, threads, machine=machine)
 
 
-def test_a_key_holds_the_device_the_software_the_mode_and_on_cpus_the_threads(tmp_path):
-    gpu = peak.key("cuda", "NVIDIA H100 80GB HBM3", "2.15.0+cu132", "13.2", "fp32", True, 8)
+def test_a_key_holds_the_machine_the_device_the_software_the_mode_and_on_cpus_the_threads(tmp_path):
+    """Issue 47: the cache in ~/.cache was shared by every machine that shares the home directory; the machine (its
+    host name) is part of the key and of the file's name."""
+    import socket
+
+    gpu = peak.key("cuda", "NVIDIA H100 80GB HBM3", "2.15.0+cu132", "13.2", "fp32", True, 8, machine="gpu01")
     assert gpu["tf32"] is True and gpu["threads"] is None  # a GPU's rate is not the host's threads'
     assert peak.key("cuda", "NVIDIA H100 80GB HBM3", "2.15.0", "13.2", "bf16", True, 8)["tf32"] is None
-    assert peak.entry_path(gpu, tmp_path).name == "NVIDIA-H100-80GB-HBM3-torch2.15.0+cu132-cuda13.2-fp32-TF32-on.json"
-    assert peak.entry_path(cpu_key(threads=2), tmp_path).name == "CPU-EPYC-torch2.15.0-nocuda-fp32-2threads.json"
+    assert peak.key("cpu", "CPU: EPYC", "2.15.0", None, "fp32", None, 1)["machine"] == socket.gethostname()
+    assert peak.entry_path(gpu, tmp_path).name == ("gpu01-NVIDIA-H100-80GB-HBM3-torch2.15.0+cu132-cuda13.2-fp32-"
+                                                   "TF32-on.json")
+    assert peak.entry_path(cpu_key(threads=2), tmp_path).name == "node1-CPU-EPYC-torch2.15.0-nocuda-fp32-2threads.json"
+    assert peak.entry_path(cpu_key(machine="node2"), tmp_path) != peak.entry_path(cpu_key(), tmp_path)
     assert peak.entry_path(cpu_key(threads=1), tmp_path) != peak.entry_path(cpu_key(threads=2), tmp_path)
     assert [peak.mode("fp32", True), peak.mode("fp32", False), peak.mode("fp32", None), peak.mode("bf16", None)] == [
         "fp32 (TF32 on)", "fp32 (TF32 off)", "fp32", "bf16"]
@@ -61,6 +68,8 @@ def test_measured_once_then_read_from_the_cache_and_again_after_a_refresh(monkey
     assert first["measured_now"] is True and calls == ["fp32"]
     on_disk = json.loads(peak.entry_path(cpu_key(), tmp_path).read_text())
     assert on_disk["key"] == cpu_key() and on_disk["tflops"] == 0.5 and on_disk["load_average"] >= 0
+    assert set(on_disk["load"]) == {"load_average_before", "cpus", "seconds", "others_cpu_share", "others_cpu_cores",
+                                    "disturbed", "reason"}
     again = rank_peak.entry(cpu_key(), cpu, tmp_path, None)
     assert calls == ["fp32"] and "measured_now" not in again and again["cache"] == first["cache"]
     assert again["measured_at"] == first["measured_at"]
@@ -94,11 +103,13 @@ def test_every_record_gives_mfu_against_the_measured_peak_and_names_the_mode():
                     image_size=None, seq_len=16, batch_size=2, warmup=2, steps=1, windows=1).validate()
     cfg.flops_per_sample = 3e9
     entry = {"tflops": 600.0, "cache": "/c/x.json", "measured_at": "2026-01-01T00:00:00+00:00",
-             "key": peak.key("cuda", "H100", "2.15", "13.2", "fp32", False, None), "best_shape": [8192] * 3}
+             "key": peak.key("cuda", "H100", "2.15", "13.2", "fp32", False, None, machine="gpu01"),
+             "best_shape": [8192] * 3}
     measured = peak.record_fields(entry)
     assert measured == {"tflops": 600.0, "cache": "/c/x.json", "measured_at": "2026-01-01T00:00:00+00:00",
                         "measured_now": False, "mode": "fp32 (TF32 off)", "shape": [8192] * 3, "threads": None,
-                        "device_name": "H100", "load_average": None, "cpus": None, "how": None}
+                        "device_name": "H100", "machine": "gpu01", "load_average": None, "cpus": None, "load": None,
+                        "how": None}
     got = record.measured_peak_fields(cfg, 1000.0, measured)
     assert got["mfu_measured"] == pytest.approx(3e9 * 1000.0 / (600.0e12 * 2))
     # fp32 on a GPU: the mode is TF32's where TF32 is on for the model's FLOPs (the matmul flag for a GPT)
@@ -132,7 +143,7 @@ def test_the_report_shows_mfu_against_both_peaks_and_the_mode(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--threads", 0], "bench: error: --threads 0: a positive number of threads, for the CPU only"),
-    (["--precision", "fp8"], "bench: error: unknown precision fp8; choose from fp32, bf16, fp16"),
+    (["--precision", "fp8"], "bench: error: --precision 'fp8': unknown precision fp8; choose from fp32, bf16, fp16"),
     (["--precision", "fp16"], "bench: error: --precision fp16: the suite trains fp16 on CUDA only"),
 ])
 def test_bad_input_is_one_line(capsys, args, message):
@@ -168,12 +179,71 @@ def test_a_peak_measured_beside_load_says_so_in_the_report(tmp_path):
     from tests.test_reference import record
 
     assert peak.busy({"load_average": 1.5, "cpus": 2}) is None and peak.busy(None) is None
-    assert peak.busy({"load_average": 4.4, "cpus": 2}) == (
-        "the measured peak was measured while the load average was 4.4 on 2 CPUs: it may read low and the MFU against "
-        "it high (bench peak --refresh on a quiet machine)")
+    assert peak.busy({"load_average": 4.4, "cpus": 2}) == (  # an entry of an earlier version: its load average
+        "the measured peak was measured under load (the load average was 4.4 on 2 CPUs): it may read low and the MFU "
+        "against it high (--refresh-peak on a quiet machine measures it again)")
     measured = peak.record_fields({"tflops": 0.075, "cache": "/c/e.json", "measured_at": "2026-01-01T00:00:00+00:00",
                                    "key": cpu_key(threads=2), "load_average": 4.4, "cpus": 2})
     results.save(record(flops_per_sample=2e9, peak_measured=measured, peak_mode="fp32"), tmp_path / "raw")
     assert report.cmd_report(argparse.Namespace(results=str(tmp_path / "raw"), out=str(tmp_path / "rep"))) == 0
     md = (tmp_path / "rep" / "REPORT.md").read_text()
-    assert "⚠ MFU (measured peak): the measured peak was measured while the load average was 4.4 on 2 CPUs" in md
+    assert ("⚠ MFU (measured peak): the measured peak was measured under load (the load average was 4.4 on 2 CPUs)"
+            in md)
+
+
+class Busy:
+    """The machine as the load probe sees it: 1 s of measurement, during which this process used 0.1 s of CPU and
+    the CPUs were busy for ``others`` s more (other processes)."""
+
+    def __init__(self, monkeypatch, others):
+        import types
+
+        self.calls = 0
+        clock = iter([0.0, 1.0])
+        own = iter([0.0, 0.1])
+        busy = iter([100.0, 100.0 + 0.1 + others])
+        monkeypatch.setattr(peak, "time", types.SimpleNamespace(monotonic=lambda: next(clock),
+                                                                process_time=lambda: next(own)))
+        monkeypatch.setattr(peak, "_busy_seconds", lambda cpus: next(busy))
+        monkeypatch.setattr(peak.os, "sched_getaffinity", lambda pid: {0, 1})
+        monkeypatch.setattr(peak.os, "getloadavg", lambda: (3.52, 2.0, 1.0))
+
+
+def test_an_entry_keeps_the_load_it_was_measured_under_and_a_sweep_that_uses_it_says_so_once(monkeypatch, tmp_path,
+                                                                                               capsys):
+    """Issue 47: the cached peak was measured under load before the sweep that used it, and nothing said so. The
+    entry stores the load (the others' share of the CPUs while it ran, judged as a run's timed windows are); a run that
+    uses a loaded entry warns once per sweep, the record carries the load, and --refresh-peak measures again."""
+    from bench import cli
+    from bench.rank import peak as rank_peak
+    from tests.test_exit_codes import launcher, ok_record
+
+    monkeypatch.setattr(rank_peak, "measure", lambda device, precision, tf32: {
+        "tflops": 0.5, "best_shape": [64] * 3, "shapes": [{"shape": [64] * 3, "tflops": 0.5}], "how": "fake"})
+    Busy(monkeypatch, others=0.9)
+    loaded = rank_peak.entry(cpu_key(), torch.device("cpu"), tmp_path, None)
+    assert loaded["load"] == {"load_average_before": [3.52, 2.0, 1.0], "cpus": 2, "seconds": 1.0,
+                              "others_cpu_share": 0.45, "others_cpu_cores": 0.9, "disturbed": True,
+                              "reason": "other processes used 45% of the 2 CPUs (0.90 cores) during the measurement "
+                                        "(limit 10%)"}
+    assert peak.table([loaded]).splitlines()[2].split(" | ")[6] == "⚠ others 45% of 2 CPUs (load average 3.5)"
+    measured = peak.record_fields(json.loads(peak.entry_path(cpu_key(), tmp_path).read_text()) | {
+        "cache": str(peak.entry_path(cpu_key(), tmp_path))})
+    note = (f"the matmul peak of CPU: EPYC fp32 (cached, measured {loaded['measured_at']}: "
+            f"{peak.entry_path(cpu_key(), tmp_path)}) was measured under load (other processes used 45% of the 2 CPUs "
+            "(0.90 cores) during the measurement (limit 10%)): it may read low and every MFU against it high; "
+            "--refresh-peak on a quiet machine measures it again")
+    assert peak.warning(measured) == note and peak.busy(measured).startswith("the measured peak was measured under")
+    # a sweep of two runs that both used it: one warning line
+    launcher(monkeypatch, lambda cfg, spec: {**ok_record(cfg), "peak_measured": measured})
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--backends", "single,dp", "--gpus", "1", "--device", "cpu", "--model", "resnet18",
+                  "--image-size", "32", "--batch-size", "2", "--warmup", "2", "--steps", "1", "--windows", "2",
+                  "--results", str(tmp_path / "raw")])
+    err = capsys.readouterr().err
+    assert e.value.code == 0 and err.count(f"warning: {note}\n") == 1
+    # measured quietly: nothing to say
+    Busy(monkeypatch, others=0.01)
+    quiet = rank_peak.entry(cpu_key("bf16"), torch.device("cpu"), tmp_path, None)
+    assert quiet["load"]["disturbed"] is False and quiet["load"]["reason"] is None
+    assert peak.warning(peak.record_fields(quiet)) is None and peak.busy(peak.record_fields(quiet)) is None

@@ -144,7 +144,8 @@ def test_a_quiet_machine_s_plots_cover_no_data_and_vs_own_appears_only_with_some
     [eff] = [fig for stem, (fig, _) in checked.items() if stem.endswith("efficiency")]
     assert [ax.get_title() for ax in eff.axes] == ["vs single@1", "vs own@1"]
     own = eff.axes[1]
-    assert {line.get_label(): tuple(line.get_xdata()) for line in own.get_lines()}["ddp"] == (1, 2)
+    xs = {line.get_label(): tuple(line.get_xdata()) for line in own.get_lines()}["ddp"]  # dodged beside the others
+    assert tuple(round(x) for x in xs) == (1, 2) and all(abs(x / n - 1) < 0.1 for x, n in zip(xs, (1, 2)))
 
 
 def test_gpu_sweep_plots_with_bars_labels_a_split_and_a_timeline_cover_no_data(tmp_path, checked):
@@ -166,3 +167,66 @@ def test_gpu_sweep_plots_with_bars_labels_a_split_and_a_timeline_cover_no_data(t
             r["compute_only_window_seconds"] = [s / 1.04 for s in r["window_seconds"]]
     report_of(tmp_path, recs, name="gpu")
     assert_clear(checked, {"throughput", "efficiency", "memory", "step-time", "comm-split"})
+
+
+# ---------------------------------------------------------------------------------------------------
+# One look per backend, and no point on top of another (issue 47, item 6)
+
+def series_lines(ax) -> dict:
+    """Each series' line with its markers, by label (an errorbar's label is its container's)."""
+    named = {id(c.lines[0]): c.get_label() for c in ax.containers if getattr(c, "lines", None) and c.lines[0]}
+    caps = {id(cap) for c in ax.containers if getattr(c, "lines", None) for cap in c.lines[1]}  # an interval's ends
+    return {named.get(id(line), line.get_label()): line for line in ax.get_lines()
+            if line.get_marker() not in (None, "None", "", " ") and line.get_transform() is ax.transData
+            and id(line) not in caps}
+
+
+def marker_positions(ax) -> list[tuple[str, object]]:
+    """(series label, display position) of every marker the axes draw for a series."""
+    return [(label, xy) for label, line in series_lines(ax).items() for xy in ax.transData.transform(line.get_xydata())]
+
+
+def test_every_backend_has_its_own_colour_and_marker_and_no_two_points_share_a_place(tmp_path, checked):
+    """Issue 47: all 11 world-size-2 points sat on one vertical line (horovod and fsdp2 both at 23.6, one on the
+    other), fsdp2 and single shared one blue, and ddp_spawn's red read like the warning rings."""
+    import numpy as np
+    from matplotlib.colors import to_rgb
+
+    import backends
+    from bench.commands.report import style
+
+    names = backends.names()
+    assert list(style.LOOK) == names and len(names) == 12  # every registered backend, in the registry's order
+    colours = [to_rgb(style.LOOK[n][0]) for n in names]
+    markers = [style.LOOK[n][1] for n in names]
+    assert len(set(colours)) == len(set(markers)) == 12
+    closest = min(np.linalg.norm(np.subtract(a, b)) for a, b in itertools.combinations(colours, 2))
+    assert closest > 0.15, closest  # no two colours nearly the same
+    warning = (style.WARNING["marker"], to_rgb(style.WARNING["color"]))
+    assert warning[0] not in markers and warning[1] not in colours  # a warning's mark is no backend's
+    # single and dp at world size 1, every backend at 2: eleven points at one world size, two of them equal
+    recs = [make("single", 1, 30.0, device="cpu"), make("dp", 1, 29.0, device="cpu")]
+    recs += [make(n, 2, 23.6 if n in ("horovod", "fsdp2") else 20.0 + i, device="cpu") for i, n in enumerate(names)
+             if n != "single"]
+    recs.append(make("ddp", 2, 21.0, device="cpu", disturbed=True,
+                     disturbed_reasons=["other processes used 45% of the 2 CPUs (0.90 cores) during the timed windows"]))
+    report_of(tmp_path, recs)
+    assert_clear(checked, {"throughput", "efficiency"})
+    for kind in ("throughput", "efficiency"):
+        [fig] = [fig for stem, (fig, _) in checked.items() if stem.endswith(kind)]
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        points = marker_positions(ax)
+        drawn = {label for label, _ in points}
+        # efficiency: ddp's (from a disturbed run) is withheld
+        assert drawn == set(names) - ({"ddp"} if kind == "efficiency" else set()), (kind, drawn)
+        for label, line in series_lines(ax).items():  # each series in its backend's colour and marker
+            if label in style.LOOK:
+                assert (to_rgb(line.get_color()), line.get_marker()) == (to_rgb(style.LOOK[label][0]),
+                                                                         style.LOOK[label][1]), label
+        size = style.MARKER_SIZE * fig.dpi / 72  # a marker's width in pixels
+        near = [(a, b, float(np.linalg.norm(p - q))) for (a, p), (b, q) in itertools.combinations(points, 2)
+                if np.linalg.norm(p - q) < size]
+        assert near == [], near  # every marker clear of every other: dodged, not stacked
+        rings = [c for c in ax.collections if len(c.get_offsets()) and c.get_label().startswith("⚠")]
+        assert kind != "throughput" or (len(rings) == 1 and to_rgb(rings[0].get_edgecolor()[0]) == (0.0, 0.0, 0.0))

@@ -1,10 +1,11 @@
 """The sweep's progress: plain numbered lines where stdout is not a terminal (CI logs; other tests grep them),
 a rich bar with the count, the ETA, the current run and the last result on a terminal."""
 import io
+import re
 
 import pytest
 
-from bench.commands._progress import Sweep
+from bench.commands._progress import Sweep, eta
 
 
 class Terminal(io.StringIO):
@@ -12,15 +13,47 @@ class Terminal(io.StringIO):
         return True
 
 
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
 def test_plain_lines_when_not_a_terminal():
-    out = io.StringIO()
-    with Sweep(2, stream=out) as p:
+    out, clock = io.StringIO(), Clock()
+    with Sweep(2, stream=out, clock=clock) as p:
         p.start("single x1 on cpu: resnet18 64px")
+        clock.t += 42
         p.finish("ok: 100.0 img/s global")
         p.start("ddp x2 on cpu: resnet18 64px")
         p.finish("failed: rank 1 exited 1")
     assert out.getvalue() == ("[1/2] single x1 on cpu: resnet18 64px ...\n    ok: 100.0 img/s global\n"
-                              "[2/2] ddp x2 on cpu: resnet18 64px ...\n    failed: rank 1 exited 1\n")
+                              "[2/2] ddp x2 on cpu: resnet18 64px ... (0:00:42 elapsed, ETA 0:00:42)\n"
+                              "    failed: rank 1 exited 1\n")
+
+
+def test_the_eta_appears_after_the_first_run_on_the_bar_and_in_the_plain_lines():
+    """Issue 47: the bar's ETA stayed "-:--:--" until the last run (rich's estimate needs two updates within 30 s, and
+    runs are longer). The ETA is the mean of the runs done times the runs left, from the first finished run on."""
+    out, clock = io.StringIO(), Clock()
+    with Sweep(5, stream=out, clock=clock) as p:
+        for _ in range(3):
+            p.start("ddp x2 on cpu")
+            clock.t += 40
+            p.finish("ok")
+    starts = [ln for ln in out.getvalue().splitlines() if ln.startswith("[")]
+    assert starts == ["[1/5] ddp x2 on cpu ...", "[2/5] ddp x2 on cpu ... (0:00:40 elapsed, ETA 0:02:40)",
+                      "[3/5] ddp x2 on cpu ... (0:01:20 elapsed, ETA 0:02:00)"]
+    assert eta(None, 0, 5) == eta(40.0, 0, 5) == "-:--:--" and eta(3700.0, 1, 2) == "1:01:40"
+    screen = Terminal()
+    with Sweep(3, stream=screen, width=120) as p:
+        p.start("single x1 on cpu")
+        p.finish("ok: 100.0 img/s global")  # runs far longer than rich's 30 s window would look the same
+        p.bar.refresh()
+        line = re.sub(r"\x1b\[[0-9;]*m", "", screen.getvalue().rsplit("\x1b[2K", 1)[-1])
+    assert re.search(r"ETA \d+:\d\d:\d\d now:", line) and "-:--:--" not in line, line
 
 
 def test_a_bar_with_eta_current_run_and_last_result_on_a_terminal():

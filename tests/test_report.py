@@ -252,9 +252,15 @@ def test_windows_with_gradscaler_skips_are_flagged(tmp_path, capsys):
 
 
 def test_missing_or_empty_results_directory(tmp_path, capsys):
-    assert run_report(tmp_path / "nope", tmp_path / "rep")[0] == 2
+    """A missing folder is bad input and an empty one is nothing to report: both exit 2, one line naming --results and
+    the folder (issue 47: the empty one exited 1, like a failed run)."""
+    code, (_, err) = run_report(tmp_path / "nope", tmp_path / "rep", capsys)
+    assert (code, err) == (2, f"bench: error: --results {str(tmp_path / 'nope')!r} does not exist\n")
     (tmp_path / "empty").mkdir()
-    assert run_report(tmp_path / "empty", tmp_path / "rep")[0] == 1
+    code, (_, err) = run_report(tmp_path / "empty", tmp_path / "rep", capsys)
+    assert (code, err) == (2, f"bench: error: nothing to report: no readable schema-2 records, to-accuracy records or "
+                              f"bench tune summary in {tmp_path / 'empty'}\n")
+    assert not (tmp_path / "rep").exists()
 
 
 def test_importing_the_module_stays_light():

@@ -89,7 +89,7 @@ def test_a_disturbed_run_is_marked_everywhere_and_the_verdict_names_no_winner(tm
     found = trust.sweep_warnings(recs)
     assert [(w["kind"], w["subject"]) for w in found] == [("disturbed", "ddp x2 fp32")]
     assert "1 of 3 runs disturbed: other processes used 48% of the 2 CPUs" in found[0]["reason"]
-    assert "--wait-quiet" in found[0]["advice"]
+    assert "--wait-quiet-s" in found[0]["advice"]
     # the console after bench run: the run's status, and one line naming the kinds of warning: the report's verdict
     # tells them (each warning once on the console of make bench)
     console = io.StringIO()
@@ -112,7 +112,7 @@ def test_a_disturbed_run_is_marked_everywhere_and_the_verdict_names_no_winner(tm
     assert '<p class="no-winner"><strong>No winner established: 1 run of ddp was disturbed' in page
     # the report's console verdict gives it once, as its kind's line
     assert console.count("other processes used 48%") == 1 and "  ⚠ disturbed: 1 of 12 runs: other processes used " \
-        "48% of the 2 CPUs (0.96 cores) during the timed windows (limit 10%); re-run with `--wait-quiet`" in console
+        "48% of the 2 CPUs (0.96 cores) during the timed windows (limit 10%); re-run with `--wait-quiet-s`" in console
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_a_sweep_with_every_doubt_gets_every_warning_with_its_reason(tmp_path):
     for line in ("what to do: raise `--warmup`", "what to do: repeat with more runs", "what to do: re-run both"):
         assert line in md and line in page.replace("<code>", "`").replace("</code>", "`")
     assert ("  ⚠ impossible efficiency: 1 configuration: scaling efficiency 315-723% (limits 0 and 105%), not shown; re-run "
-            "the baseline with `--repeat 3 --wait-quiet`") in console  # the console: one line per kind
+            "the baseline with `--repeat 3 --wait-quiet-s`") in console  # the console: one line per kind
     # the plots ring what they draw of it (the legend says so)
     svg = "".join(p.read_text() for p in (tmp_path / "rep" / "out" / "plots").glob("*-efficiency.svg"))
     assert "not to be believed as it stands" in svg
@@ -344,12 +344,12 @@ def test_wait_quiet_waits_within_its_bound():
 def test_wait_quiet_must_be_a_positive_bound(capsys):
     from tests.conftest import cli_error
 
-    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", "1", "--device", "cpu", "--wait-quiet", "0")
-    assert code == 2 and err.strip() == ("bench: error: --wait-quiet 0: expected a positive number of seconds (the "
+    code, err = cli_error(capsys, "run", "--backends", "single", "--gpus", "1", "--device", "cpu", "--wait-quiet-s", "0")
+    assert code == 2 and err.strip() == ("bench: error: --wait-quiet-s 0: expected a positive number of seconds (the "
                                          "longest wait before each run)")
     from bench.cli import build_parser
 
-    args = build_parser().parse_args(["run", "--wait-quiet"])
+    args = build_parser().parse_args(["run", "--wait-quiet-s"])
     assert args.wait_quiet == 120.0 and build_parser().parse_args(["run"]).wait_quiet is None  # off by default
 
 

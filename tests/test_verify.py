@@ -74,7 +74,7 @@ def test_injected_faults_fail_verify_naming_the_backend_and_the_deviation(tmp_pa
 
 
 def test_verify_bad_input_is_one_line(tmp_path, capsys):
-    for args, message in ((["--backends", "nope"], "bench: error: unknown backend nope; choose from "),
+    for args, message in ((["--backends", "nope"], "bench: error: --backends 'nope': unknown backend nope; choose from "),
                           (["--steps", "0"], "bench: error: --steps must be a positive integer, got 0")):
         code, err = cli_error(capsys, "verify", *args, "--device", "cpu", "--results", tmp_path)
         assert code == 2 and err.startswith(message), err

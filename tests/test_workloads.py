@@ -124,11 +124,11 @@ def test_the_user_model_contract():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model", "gpt-huge"], "bench: error: unknown GPT size 'gpt-huge'; choose from gpt-micro, gpt-tiny, "),
+    (["--model", "gpt-huge"], "bench: error: --model 'gpt-huge': unknown GPT size; choose from gpt-micro, gpt-tiny, "),
     (["--model", "resnet18", "--seq-len", "64"], "bench: error: --seq-len is for the gpt-<size> models; resnet18 is "
                                                  "not one"),
-    (["--model", "gpt-micro", "--seq-len", "0"], "bench: error: seq-len must be a positive integer, got 0"),
-    (["--model", "gpt-micro", "--optimizer", "lamb"], "bench: error: unknown optimizer 'lamb'; choose from sgd, adamw"),
+    (["--model", "gpt-micro", "--seq-len", "0"], "bench: error: --seq-len must be a positive integer, got 0"),
+    (["--model", "gpt-micro", "--optimizer", "lamb"], "bench: error: --optimizer 'lamb': unknown optimizer; choose from sgd, adamw"),
     (["--model", ":factory"], "bench: error: --model ':factory': your own model is package.module:factory"),
 ])
 def test_bad_workload_input_is_one_line(results_dir, args, message, capsys):

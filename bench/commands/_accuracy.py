@@ -6,7 +6,10 @@ compare`` read the records (``records``, ``settings_key`` and ``reached_epochs``
 
 The schedule's flags (``--base-lr`` at ``--base-batch``, ``--lr-scaling``, ``--warmup-epochs``, ``--lr-decay``,
 ``--momentum``, ``--weight-decay``) travel to the ranks in the spec and come back in the record. ``--lr-scaling`` takes
-several rules, comma-separated: every configuration runs once under each. ``--repeat N`` runs each N times from seeds
+several rules, comma-separated: every configuration runs once under each, except where rules give the same learning
+rate (at ``--base-batch`` itself every rule gives ``--base-lr``, so at world size 1 linear, sqrt and none are one
+training): there one run stands for all of them, labelled with each (``linear = none``; ``rules`` below, and the
+record's ``accuracy_settings.rules``). ``--repeat N`` runs each N times from seeds
 0..N-1 (the model's initialisation and the data order; the learnable task itself is fixed), so the spread of the time
 to accuracy includes the spread of convergence, which the verdict needs before it names a fastest backend.
 """
@@ -16,8 +19,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from bench.core.errors import UsageError
-from bench.core.schedule import DECAYS, RULES
+from bench.core.errors import EXIT_FAILED, EXIT_OK, UsageError
+from bench.core.schedule import DECAYS, RULES, scaled_lr
 
 KIND = "accuracy"  # RESULTS/accuracy/, and the records' ``task``
 DEFAULTS = {"max_epochs": 20, "eval_every": 1, "lr_scaling": "linear", "warmup_epochs": 0.0, "lr_decay": "cosine"}
@@ -27,8 +30,8 @@ OWN_FLAGS = ("max_epochs", "eval_every", "base_lr", "base_batch", "lr_scaling", 
              "momentum", "weight_decay", "train_samples")
 # bench run's flags that go with a timed sweep only
 NOT_WITH = {"find_max_batch": "--find-max-batch", "find_max_model": "--find-max-model", "trace": "--trace",
-            "external": "--external", "nnodes": "--nnodes", "wait_quiet": "--wait-quiet", "resume": "--resume"}
-# per sample and epoch, the time limit's allowance (a guard against hangs, not a prediction: --timeout overrides it)
+            "external": "--external", "nnodes": "--nnodes", "wait_quiet": "--wait-quiet-s", "resume": "--resume"}
+# per sample and epoch, the time limit's allowance (a guard against hangs, not a prediction: --timeout-s overrides it)
 SECONDS_PER_SAMPLE = {"cpu": 0.05, "cuda": 0.005}
 
 
@@ -125,6 +128,22 @@ def default_timeout(cfg, train_samples: int, max_epochs: int) -> float:
     return 300.0 + per * (train_samples + cfg.eval_samples) * max_epochs
 
 
+def rule_groups(settings: dict, global_batch: int) -> list[list[str]]:
+    """The scaling rules of ``settings`` that give one configuration (``global_batch``) different runs: rules whose
+    learning rate at that batch is the same train the same model the same way, so they are one run (the first rule
+    runs, labelled with all of them)."""
+    groups: dict[float, list[str]] = {}
+    for rule in settings["scaling"]:
+        lr = scaled_lr(settings["base_lr"], settings["base_batch"], global_batch, rule)
+        same = next((k for k in groups if abs(k - lr) <= 1e-12 * max(1.0, abs(lr))), lr)
+        groups.setdefault(same, []).append(rule)
+    return list(groups.values())
+
+
+def rules_label(rules: list[str]) -> str:
+    return " = ".join(rules)
+
+
 def run(args, configs, notes) -> int:
     import backends
     from bench import launch
@@ -139,28 +158,53 @@ def run(args, configs, notes) -> int:
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     train_samples = s["train_samples"] or _train_images(args.data_dir)
-    runs = [(dataclasses.replace(c, seed=c.repeat_index - 1), rule)
-            for c in interleave(configs, args.repeat or 1) for rule in s["scaling"]]
+    # one run per configuration and rule, but one for rules that give its global batch the same rate
+    runs = [(dataclasses.replace(c, seed=c.repeat_index - 1), rules)
+            for c in interleave(configs, args.repeat or 1) for rules in rule_groups(s, c.global_batch)]
     env_meta = environment.collect_env(backends.environment(c.backend for c, _ in runs))
     records = []
     with progress.Sweep(len(runs)) as bar:
-        for cfg, rule in runs:
+        for cfg, rules in runs:
             rep = f" (repeat {cfg.repeat_index}/{cfg.repeats}, seed {cfg.seed})" if cfg.repeats > 1 else ""
+            same = " (the same rate: one run)" if len(rules) > 1 else ""
             bar.start(f"{cfg.backend} x{cfg.world_size} to {100 * s['target']:g}% top-1: {cfg.model} "
-                      f"{cfg.data} data, global batch {cfg.global_batch}, {rule} scaling{rep}")
-            spec = {**s, "scaling": rule}
+                      f"{cfg.data} data, global batch {cfg.global_batch}, {rules_label(rules)} scaling{same}{rep}")
+            spec = {**s, "scaling": rules[0], "rules": rules}
             with machine.Watch(cfg.device_type, machine.run_gpus(cfg.device_type, cfg.world_size)) as watch:
                 rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend),
                                      unavailable=loader_unavailable(cfg),
                                      extra_spec={"task": KIND, KIND: spec},
                                      timeout=default_timeout(cfg, train_samples, s["max_epochs"]))
-            rec = machine.attach(rec, watch, results_dir) if rec["status"] == "ok" else tag(rec, results_dir, spec)
+            if rec["status"] == "ok":
+                rec = reword(machine.attach(rec, watch, results_dir), results_dir)
+            else:
+                rec = tag(rec, results_dir, spec)
             records.append(rec)
             bar.finish(one_line(rec))
     print("\n".join(table(records)))
     print(f"\nrecords: {results_dir}; the report's 'Time to accuracy' section: python -m bench report --results "
           f"{args.results}")
-    return 1 if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records) else 0
+    return EXIT_FAILED if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records) \
+        else EXIT_OK
+
+
+# What a to-accuracy run's machine watch covered: no timed windows, its training from the first step to the last
+# evaluation (the record's windows_wall_span)
+DURING = "its training (first step to last evaluation)"
+
+
+def reword(rec: dict, results_dir: Path) -> dict:
+    """A disturbed to-accuracy run's reasons in its own words: the harness's watch (bench/launch/machine.py) judges a
+    span it calls the timed windows; here that span is the training, which has none."""
+    from bench.core import results, trust
+
+    if not rec.get("disturbed") or not isinstance(rec.get("machine"), dict):
+        return rec
+    rec = {**rec, "disturbed_reasons": trust.machine_reasons(rec["machine"], rec["device_type"], windows=DURING)}
+    path = results_dir / f"{rec['run_id']}.json"
+    if path.exists():
+        results.write_json_atomic({k: v for k, v in rec.items() if not k.startswith("_")}, path, overwrite=True)
+    return rec
 
 
 def tag(rec: dict, results_dir: Path, spec: dict) -> dict:
@@ -185,7 +229,7 @@ def one_line(rec: dict) -> str:
     if rec["status"] != "ok":
         return f"{rec['status']}: {rec['reason']}"
     s = rec["schedule"]
-    lr = f"lr {s['peak_lr']:.3g} peak ({s['scaling']}), {rec['final_lr']:.3g} final"
+    lr = f"lr {s['peak_lr']:.3g} peak ({rules_label(rules_of(rec))}), {rec['final_lr']:.3g} final"
     if rec["reached"]:
         line = (f"reached {100 * rec['curve'][-1]['accuracy']:.1f}% at epoch {rec['epochs_to_accuracy']} (step "
                 f"{rec['steps_to_accuracy']}) in {rec['time_to_accuracy_seconds']:.1f} s, of which evaluation "
@@ -206,7 +250,7 @@ def table(records: list[dict]) -> list[str]:
             rows.append([r["backend"], r["world_size"], r["global_batch"], "-", "-", r["status"], "-", "-", "-"])
             continue
         s = r["schedule"]
-        rows.append([r["backend"], r["world_size"], r["global_batch"], s["scaling"], f"{s['peak_lr']:.4g}",
+        rows.append([r["backend"], r["world_size"], r["global_batch"], rules_label(rules_of(r)), f"{s['peak_lr']:.4g}",
                      r["epochs_to_accuracy"] or "not reached", seconds(r["time_to_accuracy_seconds"]),
                      seconds(r["eval_seconds_to_accuracy"]), f"{100 * r['best_accuracy']:.1f}%"])
     return ["", md_table(["backend", "N", "global batch", "scaling", "peak lr", "epochs to accuracy", "time to accuracy",
@@ -240,6 +284,12 @@ def records(src: Path, warn) -> list[dict]:
         if d.is_dir():
             found += [r for r in results.load(d, warn=say) if is_accuracy(r)]
     return found
+
+
+def rules_of(rec: dict) -> list[str]:
+    """The scaling rules a to-accuracy run stands for: one, or several that gave its global batch the same rate."""
+    a = rec.get("accuracy_settings") or {}
+    return list(a.get("rules") or [a.get("scaling") or (rec.get("schedule") or {}).get("scaling")])
 
 
 def settings_key(rec: dict) -> tuple:

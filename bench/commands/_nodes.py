@@ -14,6 +14,7 @@ import re
 
 from bench.core.config import Nodes
 from bench.core.errors import UsageError
+from bench.core.flags import add_renamed
 
 EXTERNAL_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -26,8 +27,8 @@ def add_arguments(r) -> None:
     g.add_argument("--rdzv-endpoint", help="HOST:PORT of torchrun's c10d rendezvous, on one of the nodes")
     g.add_argument("--rdzv-id", default="bench", help="rendezvous id, the same on every node (default bench; each "
                                                       "run of the sweep appends its index)")
-    g.add_argument("--rdzv-timeout", type=float, default=300,
-                   help="seconds the rendezvous waits for every node before the run fails (default 300)")
+    add_renamed(g, "--rdzv-timeout-s", "--rdzv-timeout", dest="rdzv_timeout", type=float, default=300,
+                metavar="SECONDS", help="seconds the rendezvous waits for every node before the run fails (default 300)")
     g.add_argument("--local-addr", help="this node's address as the others reach it (torchrun --local-addr)")
     g.add_argument("--hosts", help="horovodrun -H: host1:slots,host2:slots (Horovod runs start on node 0 only)")
     g.add_argument("--external", action="store_true",
@@ -51,7 +52,7 @@ def parse_nodes(args) -> Nodes | None:
         raise UsageError(f"--rdzv-endpoint {args.rdzv_endpoint!r}: expected HOST:PORT of the rendezvous, the same on "
                          "every node (e.g. node01:29500)")
     if args.rdzv_timeout <= 0:
-        raise UsageError(f"--rdzv-timeout must be a positive number of seconds, got {args.rdzv_timeout:g}")
+        raise UsageError(f"--rdzv-timeout-s must be a positive number of seconds, got {args.rdzv_timeout:g}")
     return Nodes(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                  join_timeout=args.rdzv_timeout, hosts=args.hosts, local_addr=args.local_addr)
 

@@ -14,6 +14,7 @@ from bench.core import knobs, workloads
 from bench.core.config import DEFAULTS, ON_OFF, PRECISIONS, RunConfig, default_batch
 from bench.core.devices import detect_device, usable_cpus
 from bench.core.errors import UsageError
+from bench.core.flags import add_renamed
 
 CPU_DEFAULT_MAX_WORKERS = 4
 
@@ -24,7 +25,10 @@ def add_run_arguments(r) -> None:
     for group, flags in RUN_FLAGS:
         g = r.add_argument_group(group) if group else r
         for flag, kwargs in flags:
-            g.add_argument(flag, **kwargs)
+            if isinstance(flag, tuple):  # (the name, old names kept as aliases that warn): bench/core/flags.py
+                add_renamed(g, *flag, **kwargs)
+            else:
+                g.add_argument(flag, **kwargs)
         if group is None:
             knobs.add_group(r, backends.knobs(), "knobs (recorded in options; a backend that cannot honour one is "
                                                  "skipped with the reason)")
@@ -49,7 +53,8 @@ RUN_FLAGS: list[tuple[str | None, list[tuple[str, dict]]]] = [
         ("--steps", {"type": int, "help": "steps per timed window"}),
         ("--windows", {"type": int, "help": "timed windows (raw times are kept in the record)"}),
         ("--precision", {"help": "fp32 | fp16 | bf16 (default: the backend's own, fp32 for most)"}),
-        ("--timeout", {"type": float, "help": "seconds per run before it is killed (default scales with steps)"}),
+        (("--timeout-s", "--timeout"), {"type": float, "dest": "timeout", "metavar": "SECONDS",
+                                        "help": "seconds per run before it is killed (default scales with steps)"}),
         ("--peak-tflops", {"type": float, "help": "the GPU's dense peak TFLOP/s at the run's precision, for MFU "
                                                   "(default: bench/core/mfu.py's table)"}),
         ("--repeat", {"type": int, "help": "runs of every configuration, each its own process tree, in interleaved "
@@ -156,7 +161,8 @@ def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, presen
                 raise UsageError(f"--max-gpus {max_gpus!r}: expected a positive integer or 'all'") from None
         sizes = sorted({2 ** i for i in range(top.bit_length()) if 2 ** i <= top} | ({top} if top > 0 else set()))
     if not sizes or min(sizes) <= 0:
-        raise UsageError(f"world sizes must be positive integers, got {gpus or max_gpus!r}")
+        raise UsageError(f"{'--gpus' if gpus else '--max-gpus'} {gpus or max_gpus!r}: world sizes must be positive "
+                         "integers")
     if max(sizes) > present:
         raise UsageError(f"--gpus {max(sizes)}: this machine has {present} {unit}")
     return sizes
@@ -170,7 +176,7 @@ def parse_backends(text: str) -> list[str]:
     if unknown or not names:
         near = [m for n in unknown for m in difflib.get_close_matches(n, backends.names(), n=3, cutoff=0.6)]
         hint = f" (did you mean {' or '.join(dict.fromkeys(near))}?)" if near else ""
-        raise UsageError(f"unknown backend {', '.join(unknown) or repr(text)}{hint}; choose from "
+        raise UsageError(f"--backends {text!r}: unknown backend {', '.join(unknown) or repr(text)}{hint}; choose from "
                          f"{', '.join(backends.names())}")
     return names
 
@@ -186,7 +192,7 @@ def check_model(name: str) -> None:
         return
     valid = torchvision.models.list_models(module=torchvision.models) + list(workloads.SMALL_CNNS)
     if name not in valid:
-        raise UsageError(f"unknown model {name!r}; choose a torchvision classification model ({', '.join(valid)}), "
+        raise UsageError(f"--model {name!r}: unknown model; choose a torchvision classification model ({', '.join(valid)}), "
                          f"a GPT size ({', '.join(workloads.GPT_SIZES)}) or your own (package.module:factory)")
 
 
@@ -217,15 +223,17 @@ def check_image_size(model: str, size: int | None) -> None:
         raise UsageError(f"--image-size {size}: too small for {model}; use at least {least} ({source})")
 
 
-def check_writable(directory: Path) -> None:
-    if Path(directory).is_file():
-        raise UsageError(f"results directory {str(directory)!r} is a file, not a directory")
+def check_writable(directory: Path, flag: str = "--results") -> None:
+    """The directory the records go to (``flag`` names where it came from) exists or is made, and takes a file."""
+    directory = Path(directory)
+    if directory.is_file():
+        raise UsageError(f"{flag} {str(directory)!r} is a file, not a directory")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
             pass
     except OSError as e:
-        raise UsageError(f"results directory {str(directory)!r} is not writable: {e.strerror or e}") from None
+        raise UsageError(f"{flag} {str(directory)!r} is not writable: {e.strerror or e}") from None
 
 
 def plan(args) -> tuple[list[RunConfig], list[str]]:
@@ -262,7 +270,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             loaders.check(cfg.loader, cfg.decode, cfg.device_type)
         least, why = backend.min_warmup(cfg)
         if cfg.warmup < least:
-            raise UsageError(f"warmup {cfg.warmup} is too short for {name}: use at least {least} ({why})")
+            raise UsageError(f"--warmup {cfg.warmup} is too short for {name}: use at least {least} ({why})")
         cfg.note = "; ".join(filter(None, [backend.note(cfg), note])) or None
         cfg.flops_per_sample, cfg.peak_tflops = workload_flops(model, cfg.image_size, cfg.seq_len), args.peak_tflops
         if cfg.data == "imagenet" and cfg.workers is None:
@@ -362,6 +370,28 @@ def loader_unavailable(cfg: RunConfig) -> str | None:
     return loaders.unavailable(cfg.loader or "torchvision")
 
 
+def skip_reason(cfg: RunConfig) -> str | None:
+    """Why a planned run would be skipped here, known before anything is launched (its loader, then its backend's own
+    ``unavailable``), or None when it can run."""
+    return loader_unavailable(cfg) or backends.create(cfg.backend).unavailable(cfg)
+
+
+def check_something_runs(configs: list[RunConfig]) -> None:
+    """A plan whose every run would be skipped for a reason known before launch is refused, in one line (exit 2), with
+    the reasons, each once with the runs it stops: a sweep that measured nothing must not exit 0."""
+    why: dict[str, list[str]] = {}
+    for cfg in configs:
+        reason = skip_reason(cfg)
+        if reason is None:
+            return
+        why.setdefault(reason, []).append(cfg.backend)
+    if not why:
+        return
+    parts = [f"{', '.join(dict.fromkeys(names))}: {reason}" for reason, names in why.items()]
+    raise UsageError(f"nothing to run: all {len(configs)} planned run{'s' if len(configs) != 1 else ''} would be "
+                     f"skipped here ({'; '.join(parts)})")
+
+
 def workload_flops(model: str, image_size: int | None, seq_len: int | None = None) -> float | None:
     """Training FLOPs per sample (backends/models/flops.py), or None (with a warning when a model cannot be counted)."""
     from backends.models import flops
@@ -399,7 +429,7 @@ def check_knobs(args) -> None:
 
 def check_precision(precision: str | None) -> None:
     if precision is not None and precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
+        raise UsageError(f"--precision {precision!r}: unknown precision; choose from {', '.join(PRECISIONS)}")
 
 
 def _pick(value, default):

@@ -1,8 +1,16 @@
 """``python -m bench baseline save | name``: the stored baselines the regression gate compares against.
 
 A baseline is one JSON file, ``results/baselines/NAME.json``: ``{"schema", "name", "created_at", "source",
-"hardware", "configurations", "records"}`` with the ok records of a results directory. Every later CI run is
+"hardware", "configurations", "load", "records"}`` with the ok records of a results directory. Every later CI run is
 judged against it, so an existing baseline is replaced only with ``--force``.
+
+A reference comes from clean runs only. ``save`` refuses, in one line naming the runs and why, a directory holding a
+failed run (crashed, hung, out of memory, replicas that differ: exit 1) or a disturbed one (another process used the
+CPUs or a GPU, or a GPU was throttled, while it was timed: exit 3, inconclusive, as the gate says of such runs; every
+comparison against it would be inconclusive). ``--accept-disturbed`` saves the ok runs anyway, and says so in the file.
+The baseline records the machine's load during its runs (``load``: the load averages around them, the largest share of
+the CPUs other processes used during their timed windows, how many were disturbed), so a later reader knows what the
+reference was measured beside.
 """
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ import re
 from pathlib import Path
 
 from bench.core.devices import usable_cpus
-from bench.core.errors import DISK_FULL, UsageError, warn
+from bench.core.errors import DISK_FULL, EXIT_FAILED, EXIT_INCONCLUSIVE, Refused, UsageError, warn
 from bench.core import environment
 
 BASELINE_DIR = "results/baselines"
@@ -23,13 +31,17 @@ def register(sub) -> None:
     s = bsub.add_parser(
         "save", help="write the ok records of a results directory to results/baselines/NAME.json",
         description="Write the ok records from DIR as one baseline file, atomically. An existing baseline is "
-                    "only replaced with --force: every later CI run is judged against it.")
+                    "only replaced with --force: every later CI run is judged against it. Failed or disturbed runs "
+                    "are refused unless --accept-disturbed is given; the baseline records the machine's load.")
     s.add_argument("--from", dest="source", required=True, metavar="DIR", help="results directory (or file) to take records from")
     s.add_argument("--name", help="baseline name (default: the hardware and largest world size of the records, "
                                   "e.g. NVIDIA-H100-80GB-HBM3-x8)")
     s.add_argument("--out-dir", default=BASELINE_DIR, help=f"where baselines live (default {BASELINE_DIR})")
     s.add_argument("--latest", action="store_true", help="keep only the latest ok run of each configuration")
     s.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
+    s.add_argument("--accept-disturbed", action="store_true",
+                   help="save the ok runs even where runs failed or were disturbed (by default refused: a failed run "
+                        "exits 1, a disturbed one 3); the baseline records that it was accepted")
     s.set_defaults(func=cmd_baseline_save)
     n = bsub.add_parser("name", help="print the default baseline name: the hardware and the largest world size of "
                                      "--from's records, or of the sweep bench run would do here (GPU model x count)")
@@ -102,12 +114,67 @@ def machine_name(gpus: str | None = None, max_gpus: str | None = None) -> str:
 def _check_name(name: str) -> str:
     name = name[:-5] if name.endswith(".json") else name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise UsageError(f"baseline name {name!r}: use letters, digits, '.', '_' and '-' only (it becomes a file name)")
+        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only (it becomes a file name)")
     return name
 
 
 def _started(rec: dict) -> str:
     return str(rec.get("finished_at") or (rec.get("env") or {}).get("started_at") or rec.get("run_id") or "")
+
+
+def failed_runs(recs: list[dict]) -> list[dict]:
+    """Runs that cannot stand for the code's speed: crashed, hung, out of memory, or replicas that ended different."""
+    return [r for r in recs if r.get("status") == "failed" or r.get("replicas_consistent") is False]
+
+
+def _runs(recs: list[dict], limit: int = 3) -> str:
+    from bench.core.trust import subject
+
+    names = list(dict.fromkeys(subject(r) for r in recs))
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_clean(src: str, recs: list[dict], ok: list[dict]) -> None:
+    """Refuse a reference from a failed run (exit 1) or from disturbed ones (exit 3), in one line each."""
+    failed = failed_runs(recs)
+    if failed:
+        why = failed[0].get("reason") or ("its replicas ended with different parameters"
+                                          if failed[0].get("replicas_consistent") is False else "no reason recorded")
+        raise Refused(f"--from {src!r}: {len(failed)} failed run{'s' if len(failed) != 1 else ''} ({_runs(failed)}: "
+                      f"{why.splitlines()[0] if why else why}); a baseline holds only clean runs: fix and re-run, or "
+                      "pass --accept-disturbed to save the ok runs anyway", EXIT_FAILED)
+    disturbed = [r for r in ok if r.get("disturbed")]
+    if disturbed:
+        why = (disturbed[0].get("disturbed_reasons") or ["no reason recorded"])[0]
+        raise Refused(f"--from {src!r}: {len(disturbed)} of {len(ok)} ok run{'s' if len(ok) != 1 else ''} disturbed "
+                      f"({_runs(disturbed)}: {why}); every comparison against it would be inconclusive: record it on "
+                      "a quiet machine (bench run --wait-quiet-s), or pass --accept-disturbed", EXIT_INCONCLUSIVE)
+
+
+def load_of(ok: list[dict]) -> dict:
+    """The machine's load during the baseline's runs, from what the harness recorded around each (``machine``)."""
+    machines = [r["machine"] for r in ok if isinstance(r.get("machine"), dict)]
+    loads = [x for m in machines for x in (m.get("load_before") or [None])[:1] + (m.get("load_after") or [None])[:1]
+             if x is not None]
+    shares = [(m.get("windows") or {}).get("others_cpu_share") for m in machines]
+    shares = [s for s in shares if s is not None]
+    return {"runs": len(ok), "watched_runs": len(machines), "disturbed_runs": sum(bool(r.get("disturbed")) for r in ok),
+            "cpus": max((m.get("cpus") or 0 for m in machines), default=None) or None,
+            "load_average_1m": [round(min(loads), 2), round(max(loads), 2)] if loads else None,
+            "others_cpu_share_max": round(max(shares), 4) if shares else None}
+
+
+def load_text(load: dict) -> str:
+    if not load.get("watched_runs"):
+        return "load not recorded (runs the harness did not watch)"
+    parts = []
+    if load.get("load_average_1m"):
+        lo, hi = load["load_average_1m"]
+        parts.append(f"load average {lo:.1f}-{hi:.1f} on {load['cpus']} CPUs")
+    if load.get("others_cpu_share_max") is not None:
+        parts.append(f"other processes at most {100 * load['others_cpu_share_max']:.0f}% of the CPUs while timed")
+    parts.append(f"{load['disturbed_runs']} of {load['runs']} runs disturbed")
+    return ", ".join(parts)
 
 
 def cmd_baseline_save(args) -> int:
@@ -121,6 +188,11 @@ def cmd_baseline_save(args) -> int:
     if not ok:
         raise UsageError(f"--from {args.source!r}: no ok records to save ({len(recs)} record(s) read, "
                          f"{len(recs) - len(ok)} not ok); a baseline must hold at least one successful run")
+    if not args.accept_disturbed:
+        check_clean(args.source, recs, ok)
+    ok = [r for r in ok if r.get("replicas_consistent") is not False]
+    if not ok:
+        raise UsageError(f"--from {args.source!r}: no clean ok records to save (every ok run's replicas differ)")
     if args.latest:
         latest = {}
         for r in sorted(ok, key=_started):
@@ -140,6 +212,7 @@ def cmd_baseline_save(args) -> int:
         "source": str(src),
         "hardware": sorted({results.hardware(r) for r in ok}),
         "configurations": len({results.config_key(r) for r in ok}),
+        "load": {**load_of(ok), "accepted_disturbed": bool(args.accept_disturbed)},
         "records": clean,
     }
     try:
@@ -150,10 +223,15 @@ def cmd_baseline_save(args) -> int:
     except OSError as e:
         if e.errno in DISK_FULL:
             raise  # bench/cli.py: one line, exit 1, like every full disk
-        raise UsageError(f"cannot write baseline {str(final)!r}: {e.strerror or e}")
+        raise UsageError(f"--out-dir: cannot write baseline {str(final)!r}: {e.strerror or e}")
     skipped = len(recs) - len(ok)
     print(f"baseline {name}: {len(clean)} record(s), {doc['configurations']} configuration(s) on "
-          f"{'; '.join(doc['hardware'])} -> {final}" + (f" ({skipped} record(s) left out)" if skipped else ""))
+          f"{'; '.join(doc['hardware'])}; {load_text(doc['load'])} -> {final}"
+          + (f" ({skipped} record(s) left out)" if skipped else ""))
+    if args.accept_disturbed and (doc["load"]["disturbed_runs"] or failed_runs(recs)):
+        warn(f"baseline {name} was saved with --accept-disturbed: {doc['load']['disturbed_runs']} disturbed run(s) in "
+             f"it, {len(failed_runs(recs))} failed left out; comparisons against its disturbed configurations will be "
+             "inconclusive (exit 3)")
     return 0
 
 

@@ -63,21 +63,24 @@ def register(sub) -> None:
 
 def plan(args):
     device, present = detect_device(args.device)
-    if not args.gpus and present < 2:
-        return device, [], [], []  # one device here: nothing to measure, which is not an error
+    unit = "GPU" if device == "cuda" else "core"
+    if not args.gpus and present < 2:  # nothing to run (exit 2), as a plan whose every run would be skipped
+        raise UsageError(f"nothing to run: collectives need at least 2 ranks and this machine has one {unit}")
     if args.gpus or not args.max_gpus:
         world = world_sizes(args.gpus or (str(present) if device == "cuda" else str(min(2, present))), None,
                             device, present)
     else:
         world = world_sizes(None, args.max_gpus, device, present)
         if max(world) < 2:
-            return device, [], [], []
+            raise UsageError(f"nothing to run: collectives need at least 2 ranks; --max-gpus {args.max_gpus} sweeps "
+                             f"{', '.join(map(str, world))}")
     if max(world) < 2:
-        raise UsageError(f"collectives need at least 2 ranks; got --gpus {args.gpus}")
+        raise UsageError(f"nothing to run: collectives need at least 2 ranks; got --gpus {args.gpus}")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     bad = [o for o in ops if o not in OPS]
     if bad or not ops:
-        raise UsageError(f"unknown collective {', '.join(bad) or repr(args.ops)}; choose from {', '.join(OPS)}")
+        raise UsageError(f"--ops {args.ops!r}: unknown collective {', '.join(bad) or repr(args.ops)}; choose from "
+                         f"{', '.join(OPS)}")
     lo_default, hi_default = DEFAULT_RANGE[device]
     try:
         lo, hi = parse_size(args.min_bytes or lo_default), parse_size(args.max_bytes or hi_default)
@@ -98,9 +101,6 @@ def cmd_collectives(args) -> int:
     from bench.core.config import RunConfig
 
     device, world, ops, message_sizes = plan(args)
-    if not world:
-        print(f"collectives: one {'GPU' if device == 'cuda' else 'core'} here: no collective to measure")
-        return 0
     out = Path(args.results) / "collectives"
     check_writable(out)
     env = environment.collect_env()

@@ -48,9 +48,10 @@ baseline's is ``more epochs to accuracy``, a regression in convergence with its 
 speed; and speed, the runs' training throughput (samples/s of training, evaluation excluded), judged exactly as
 throughput is (significant AND beyond the threshold; inconclusive on disturbed runs).
 
-Exit codes: 0 nothing regressed; 1 something is slower or uses more memory; 2 bad input (a missing path,
-no records, bad option values, different hardware, or no configuration present on both sides: a gate
-that compared nothing must not pass); 3 inconclusive: nothing regressed, but at least one configuration was
+Exit codes (docs/command-line.md, "Exit codes"): 0 nothing regressed; 1 something is slower or uses more memory, or a
+current run failed (also where every current run failed); 2 bad input (a missing path, no records, a baseline with no ok
+run, bad option values, different hardware, or no configuration present on both sides: a gate that compared nothing
+must not pass); 3 inconclusive: nothing regressed, but at least one configuration was
 compared on disturbed runs (a regression in convergence exits 1 too; its summary line says which kind). New and
 missing configurations are listed but do not fail; a
 configuration with a *failed* current run (crash, hang, out of memory), even beside ok repeats, fails the
@@ -125,9 +126,9 @@ def cmd_compare(args) -> int:
     threshold = _fraction(args.threshold, "threshold", low_inclusive=True)
     alpha = _fraction(args.alpha, "alpha", low_inclusive=False)
     if args.format not in FORMATS:
-        raise UsageError(f"unknown format {args.format!r}; choose from {', '.join(FORMATS)}")
+        raise UsageError(f"--format {args.format!r}: unknown format; choose from {', '.join(FORMATS)}")
     if args.test not in TESTS:
-        raise UsageError(f"unknown test {args.test!r}; choose from welch (Welch's t), mwu (Mann-Whitney U)")
+        raise UsageError(f"--test {args.test!r}: unknown test; choose from welch (Welch's t), mwu (Mann-Whitney U)")
     base = _load_side(args.baseline, "baseline")
     cur = _load_side(args.current, "current")
     result = compare(base, cur, threshold=threshold, alpha=alpha, test=args.test,
@@ -142,11 +143,11 @@ def cmd_compare(args) -> int:
             Path(args.out).write_text(text)
         except OSError as e:
             raise UsageError(f"cannot write --out {args.out!r}: {e.strerror or e}")
+    if result["regressed"]:  # a failed current run fails the gate even where nothing else could be compared
+        return EXIT_REGRESSION
     if not result["compared"]:
         raise UsageError(f"no configuration is present in both baseline and current ({len(result['missing'])} "
                          f"missing, {len(result['new'])} new): nothing was compared")
-    if result["regressed"]:
-        return EXIT_REGRESSION
     return EXIT_INCONCLUSIVE if result["inconclusive"] else EXIT_OK
 
 
@@ -160,7 +161,8 @@ def _load_side(path: str, side: str) -> dict:
     if not recs:
         raise UsageError(f"{side} {path!r} holds no readable schema-{results.SCHEMA} records")
     ok = [r for r in recs if r.get("status") == "ok"]
-    if not ok:
+    # a current side whose runs all failed is not bad input: those runs failed, and fail the gate (exit 1)
+    if not ok and not (side == "current" and any(r.get("status") == "failed" for r in recs)):
         counts = ", ".join(f"{sum(r.get('status') == s for r in recs)} {s}" for s in ("failed", "skipped"))
         raise UsageError(f"{side} {path!r} holds no ok records ({counts})")
     return {"path": str(path), "ok": ok, "other": [r for r in recs if r.get("status") != "ok"]}
@@ -249,8 +251,10 @@ def env_differences(base: list[dict], cur: list[dict]) -> list[str]:
 def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "welch",
             allow_different_hardware: bool = False, gate_host_memory: bool = False, warn=warn) -> dict:
     """The whole comparison as a dict (what ``--format json`` prints); raises UsageError on mismatched hardware."""
-    base_hw, cur_hw = check_hardware(base["ok"], cur["ok"], allow_different_hardware, warn)
-    env_warnings = env_differences(base["ok"], cur["ok"])
+    # the current side's hardware and versions from its ok runs, or from its failed ones where none was ok
+    cur_runs = cur["ok"] or [r for r in cur["other"] if r.get("status") == "failed"]
+    base_hw, cur_hw = check_hardware(base["ok"], cur_runs, allow_different_hardware, warn)
+    env_warnings = env_differences(base["ok"], cur_runs)
     for msg in env_warnings:
         warn(msg)
 

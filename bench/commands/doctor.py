@@ -48,6 +48,8 @@ SIGINT_GRACE_S = 30.0  # pytest's time to write its summary and JUnit XML after 
 
 
 def register(sub) -> None:
+    from bench.core.flags import add_renamed
+
     d = sub.add_parser("doctor", help="check a GPU machine: every backend through one launch plan, the gpu tests on "
                                       "its records, one table; exit 1 on any failure")
     d.add_argument("--full", action="store_true",
@@ -57,9 +59,11 @@ def register(sub) -> None:
     d.add_argument("--gpus", type=int, help="GPUs to use (default: every GPU here; the plan uses 1 or 2)")
     d.add_argument("--budget-s", type=float, help="the whole check's time budget (default 420; --full 1500)")
     d.add_argument("--jobs", type=int, help="plan launches at once (default: one per 4 cores, at most 4)")
-    d.add_argument("--test-timeout", type=float, default=240.0, help="seconds per gpu test at most (default 240)")
+    add_renamed(d, "--test-timeout-s", "--test-timeout", dest="test_timeout", type=float, default=240.0,
+                metavar="SECONDS", help="seconds per gpu test at most (default 240)")
     d.add_argument("--test-jobs", type=int, help="gpu tests at once (default: as --jobs)")
-    d.add_argument("--run-timeout", type=float, default=150.0, help="seconds per measured run at most (default 150)")
+    add_renamed(d, "--run-timeout-s", "--run-timeout", dest="run_timeout", type=float, default=150.0,
+                metavar="SECONDS", help="seconds per measured run at most (default 150)")
     d.add_argument("--skip-tests", action="store_true", help="no gpu tests: the plan (and the measured sweep) only")
     d.add_argument("--skip-sweep", action="store_true", help="no measured sweep: the plan and the gpu tests only")
     d.add_argument("--results", default="results/doctor", help="records, logs and the tables (default results/doctor)")
@@ -543,7 +547,7 @@ def cmd_doctor(args) -> int:
     if not 1 <= gpus <= present:
         raise UsageError(f"--gpus {gpus}: this machine has {present} CUDA device(s); choose 1 to {present}")
     if not (budget > 0 and args.run_timeout > 0 and args.test_timeout > 0):
-        raise UsageError(f"--budget-s, --run-timeout and --test-timeout must be positive, got {budget:g}, "
+        raise UsageError(f"--budget-s, --run-timeout-s and --test-timeout-s must be positive, got {budget:g}, "
                          f"{args.run_timeout:g}, {args.test_timeout:g}")
     for flag, value in (("--jobs", args.jobs), ("--test-jobs", args.test_jobs)):
         if value is not None and value < 1:

@@ -41,7 +41,8 @@ def choices(text: str, valid: tuple, what: str) -> list[str]:
     names = list(valid) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in valid]
     if bad or not names:
-        raise UsageError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from {', '.join(valid)} or all")
+        raise UsageError(f"--{what}s {text!r}: unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                         f"{', '.join(valid)} or all")
     return names
 
 
@@ -85,11 +86,18 @@ def cmd_loader(args) -> int:
                 row["reason"] = str(e)
             if row["reason"]:
                 row["status"] = "skipped"
-            else:
-                row.update(measure(ctx, name, decode, args.data_dir, size, batch, workers, ranks, device_type,
-                                   args.batches, args.warmup_batches))
             rows.append(row)
-            print(line(row, workers, ranks, batch, size, args.batches), flush=True)
+    if all(r["status"] == "skipped" for r in rows):  # nothing to run: refused before any process starts (exit 2)
+        why: dict[str, list[str]] = {}
+        for r in rows:
+            why.setdefault(r["reason"], []).append(f"{r['loader']} decode {r['decode']}")
+        parts = "; ".join(f"{', '.join(paths)}: {reason}" for reason, paths in why.items())
+        raise UsageError(f"nothing to run: every loader path asked for would be skipped here ({parts})")
+    for row in rows:
+        if row["status"] == "ok":
+            row.update(measure(ctx, row["loader"], row["decode"], args.data_dir, size, batch, workers, ranks,
+                               device_type, args.batches, args.warmup_batches))
+        print(line(row, workers, ranks, batch, size, args.batches), flush=True)
     if args.results:
         env = environment.collect_env()
         record = {"schema": LOADER_SCHEMA, "kind": "loader", "run_id": results.new_run_id("loader", ranks), "status": "ok",

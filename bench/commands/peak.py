@@ -1,14 +1,16 @@
 """``python -m bench peak``: the matmul rate this device sustains in each precision mode, measured once and cached per
-device and software (bench/core/peak.py), so every record gives MFU against it as well as against the datasheet. The
-measurement runs in a rank process of its own (bench/rank/peak.py); a sweep's first run measures what it needs
-itself, so this command is for measuring ahead, re-measuring (``--refresh``) and reading the cache."""
+machine, device and software with the load it was measured under (bench/core/peak.py), so every record gives MFU
+against it as well as against the datasheet. The measurement runs in a rank process of its own (bench/rank/peak.py); a
+sweep's first run measures what it needs itself, so this command is for measuring ahead, re-measuring
+(``--refresh-peak``) and reading the cache; an entry measured under load is shown with a warning."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from bench.core import peak
-from bench.core.errors import UsageError
+from bench.core.errors import EXIT_FAILED, EXIT_OK, UsageError, warn
+from bench.core.flags import add_renamed
 
 
 def register(sub) -> None:
@@ -19,7 +21,8 @@ def register(sub) -> None:
                                        "fp16 on a GPU; fp32 and bf16 on a CPU)")
     p.add_argument("--threads", type=int, help="CPU: threads of the measuring process (default: a CPU sweep's threads "
                                                "per rank)")
-    p.add_argument("--refresh", action="store_true", help="measure again, replacing the cached entries")
+    add_renamed(p, "--refresh-peak", "--refresh", dest="refresh", action="store_true",
+                help="measure again, replacing the cached entries (as bench run --refresh-peak)")
     p.add_argument("--results", default="results/raw", help="the measurement's record goes to RESULTS/peak")
     p.set_defaults(func=cmd_peak)
 
@@ -30,7 +33,8 @@ def modes(device_type: str, precisions: str | None) -> list[list]:
         ["fp32", "bf16", "fp16"] if device_type == "cuda" else ["fp32", "bf16"])
     bad = [p for p in wanted if p not in peak.PRECISIONS]
     if bad:
-        raise UsageError(f"unknown precision {', '.join(bad)}; choose from {', '.join(peak.PRECISIONS)}")
+        raise UsageError(f"--precision {precisions!r}: unknown precision {', '.join(bad)}; choose from "
+                         f"{', '.join(peak.PRECISIONS)}")
     if device_type == "cpu" and "fp16" in wanted:
         raise UsageError("--precision fp16: the suite trains fp16 on CUDA only (GradScaler); measure fp32 or bf16 on CPU")
     out = []
@@ -66,6 +70,10 @@ def cmd_peak(args) -> int:
                          threads=threads, timeout=600)
     if rec["status"] != "ok":
         print(f"peak: {rec['status']}: {rec['reason']}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(peak.table(rec["entries"]))
-    return 0
+    for e in rec["entries"]:  # a peak measured (now or before) under load: used, with a warning
+        note = peak.warning(peak.record_fields(e))
+        if note:
+            warn(note)
+    return EXIT_OK

@@ -41,7 +41,7 @@ def register(sub) -> None:
 def cmd_predict(args) -> int:
     src = Path(args.results)
     if not src.is_dir():
-        raise UsageError(f"results directory {str(src)!r} {'is a file, not a directory' if src.exists() else 'does not exist'}")
+        raise UsageError(f"--results {str(src)!r} {'is a file, not a directory' if src.exists() else 'does not exist'}")
     try:
         sizes = sorted({int(x) for x in args.gpus.split(",") if x.strip()})
     except ValueError:

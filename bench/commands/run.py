@@ -11,23 +11,27 @@ from pathlib import Path
 
 import backends
 from bench.commands import _accuracy, _nodes
+from bench.commands._measure import run_watched
 from bench.commands import _reference as reference
-from bench.commands._plan import add_run_arguments, check_writable, interleave, loader_unavailable, plan
+from bench.commands._plan import (add_run_arguments, check_something_runs, check_writable, interleave, loader_unavailable,
+                                  plan, skip_reason)
 from bench.core import environment, peak, results, traces, workloads
 from bench.core.devices import detect_device, usable_cpus
-from bench.core.errors import UsageError, warn
+from bench.core.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError, warn
+from bench.core.flags import add_renamed
 from bench.core.trust import OTHERS_CPU_SHARE
 
-WAIT_QUIET_S = 120.0  # --wait-quiet with no value: the longest wait before each run
+WAIT_QUIET_S = 120.0  # --wait-quiet-s with no value: the longest wait before each run
 
 
 def register(sub) -> None:
     r = sub.add_parser("run", help="run backends x world sizes and write one JSON record per run")
     add_run_arguments(r)
-    r.add_argument("--wait-quiet", nargs="?", type=float, const=WAIT_QUIET_S, default=None, metavar="SECONDS",
-                   help="before each run, wait up to SECONDS (default {:g}) for a quiet machine: other processes "
-                        "using less than {:g}%% of the CPUs, none on the run's GPUs (off by default)".format(
-                            WAIT_QUIET_S, 100 * OTHERS_CPU_SHARE))
+    add_renamed(r, "--wait-quiet-s", "--wait-quiet", dest="wait_quiet", nargs="?", type=float, const=WAIT_QUIET_S,
+                default=None, metavar="SECONDS",
+                help="before each run, wait up to SECONDS (default {:g}) for a quiet machine: other processes using "
+                     "less than {:g}%% of the CPUs, none on the run's GPUs (off by default)".format(
+                         WAIT_QUIET_S, 100 * OTHERS_CPU_SHARE))
     r.add_argument("--trace", nargs="?", type=int, const=traces.DEFAULT_STEPS, default=None, metavar="STEPS",
                    help=f"after each run's measurements, profile STEPS more steps (default {traces.DEFAULT_STEPS}, at "
                         f"most {traces.MAX_STEPS}) on every rank with torch.profiler: one Chrome trace per rank next to "
@@ -36,14 +40,13 @@ def register(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from bench import launch
     from bench.commands import _progress as progress
     from bench.commands import _summary as summary
     from bench.launch import machine
 
     wait_quiet = getattr(args, "wait_quiet", None)
     if wait_quiet is not None and not wait_quiet > 0:
-        raise UsageError(f"--wait-quiet {wait_quiet:g}: expected a positive number of seconds (the longest wait "
+        raise UsageError(f"--wait-quiet-s {wait_quiet:g}: expected a positive number of seconds (the longest wait "
                          "before each run)")
     trace = getattr(args, "trace", None)
     if trace is not None and not 1 <= trace <= traces.MAX_STEPS:
@@ -78,6 +81,7 @@ def cmd_run(args) -> int:
         raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
     if args.external:
         return run_external(args, configs)
+    check_something_runs(configs)  # every run skipped for a reason known now: refused (exit 2), nothing launched
     nodes = _nodes.parse_nodes(args)
     if nodes is not None and args.reference:
         raise UsageError("--reference runs each plain twin on one device of this machine; run it in a single-node sweep")
@@ -97,7 +101,7 @@ def cmd_run(args) -> int:
     env_meta = environment.collect_env(backends.environment(c.backend for c in configs))
     if args.resume:
         configs = _not_yet_done(configs, results_dir, env_meta)
-    runnable = lambda c: not (loader_unavailable(c) or backends.create(c.backend).unavailable(c))  # noqa: E731
+    runnable = lambda c: not skip_reason(c)  # noqa: E731
     items = reference.plan(configs, runnable) if args.reference else [(reference.RUN, c) for c in configs]
     # The first run that finds no cached matmul peak for its device and precision mode measures it (bench/rank/peak.py)
     measured_peak = {"cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
@@ -105,7 +109,7 @@ def cmd_run(args) -> int:
     # SIGINT ignored, and Python then never installs its KeyboardInterrupt handler, so a `kill -INT` was lost.
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    records, twins = [], []
+    records, twins, peak_warned = [], [], set()
     try:
         with progress.Sweep(len(items)) as bar:
             for i, (what, cfg) in enumerate(items, 1):
@@ -119,14 +123,15 @@ def cmd_run(args) -> int:
                 # The machine around the run: load, others' CPU time and GPUs during its windows (bench/launch/
                 # machine.py); the record says whether it was disturbed (bench/core/trust.py judges).
                 gpus = machine.run_gpus(cfg.device_type, cfg.world_size // max(1, cfg.nnodes))
-                runs = wait_quiet and not (loader_unavailable(cfg) or backends.create(cfg.backend).unavailable(cfg))
+                runs = wait_quiet and not skip_reason(cfg)
                 waited = machine.wait_quiet(cfg.device_type, gpus, wait_quiet, say=bar.say) if runs else None
-                with machine.Watch(cfg.device_type, gpus) as watch:
-                    rec = launch.run_one(cfg, results_dir, env_meta, backends.create(cfg.backend), nodes=nodes,
-                                         rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "",
-                                         unavailable=loader_unavailable(cfg),
-                                         extra_spec={"peak": measured_peak, **({"trace_steps": trace} if trace else {})})
-                rec = machine.attach(rec, watch, results_dir, waited)
+                rec = run_watched(cfg, results_dir, env_meta, gpus=gpus, waited=waited, nodes=nodes,
+                                  rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "", unavailable=loader_unavailable(cfg),
+                                  extra_spec={"peak": measured_peak, **({"trace_steps": trace} if trace else {})})
+                note = peak.warning(rec.get("peak_measured"))  # once per cache entry and sweep
+                if note and note not in peak_warned:
+                    peak_warned.add(note)
+                    warn(note)
                 records.append(rec)
                 bar.finish(summary.one_line(rec))
     except KeyboardInterrupt:
@@ -134,15 +139,27 @@ def cmd_run(args) -> int:
               file=sys.stderr)
         summary.print_table(records)
         summary.print_warnings(records)
-        return 130
+        return EXIT_INTERRUPTED
     if args.reference:
         records = reference.attach(records, twins, results_dir)
     summary.print_table(records)
     summary.print_warnings(records)
     for line in reference.lines(records):
         print(line)
-    # A run whose replicas diverged measured something other than data-parallel training: fail like a crash.
-    return 1 if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records) else 0
+    return exit_code(records)
+
+
+def exit_code(records: list[dict]) -> int:
+    """docs/command-line.md, "Exit codes": 1 when a run failed (a run whose replicas diverged measured something other
+    than data-parallel training: it fails like a crash); 2 when every run was skipped (at launch, for a reason the plan
+    could not know): nothing was measured, which a script must not read as success; else 0."""
+    if any(r["status"] == "failed" or r.get("replicas_consistent") is False for r in records):
+        return EXIT_FAILED
+    if records and all(r["status"] == "skipped" for r in records):
+        print(f"bench: error: nothing measured: all {len(records)} run{'s' if len(records) != 1 else ''} were skipped "
+              "(the reasons are above)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
 
 
 def run_twin(cfg, results_dir, env_meta, bar, rep: str) -> dict:
@@ -168,7 +185,7 @@ def find_max_batch(args, configs, notes) -> int:
         raise UsageError(f"--max-batch must be a positive integer, got {cap}")
     configs, results_dir, env_meta = _search_setup(args, configs, notes)
     rows = maxbatch.run(configs, results_dir, env_meta, cap, args.memory_limit_gib, lambda line: print(line, flush=True))
-    return 1 if any(r["error"] for r in rows) else 0
+    return EXIT_FAILED if any(r["error"] for r in rows) else EXIT_OK
 
 
 def find_max_model(args, configs, notes, sizes) -> int:
@@ -177,7 +194,7 @@ def find_max_model(args, configs, notes, sizes) -> int:
     configs, results_dir, env_meta = _search_setup(args, configs, notes)
     rows = _maxmodel.run(configs, sizes, results_dir, env_meta, args.memory_limit_gib,
                          lambda line: print(line, flush=True))
-    return 1 if any(r["error"] for r in rows) else 0
+    return EXIT_FAILED if any(r["error"] for r in rows) else EXIT_OK
 
 
 def _search_setup(args, configs, notes):

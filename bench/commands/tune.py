@@ -3,14 +3,27 @@
 Per backend, the settings a user would try, one at a time from the shared defaults (coordinate search): the batch
 (doubled while it wins), channels_last (vision models), cuDNN's benchmark flag (GPUs), the backend's own knobs that
 trade speed (DDP's bucket size, gradient_as_bucket_view and static_graph; FSDP2's reshard policy) and ``--compile``
-last (the costliest to try). Each candidate is one ``bench run`` of that backend (its own process tree, records in
-RESULTS/tune/raw); it replaces the incumbent only when its 95% interval lies above the incumbent's, so noise never
-picks a "best". A candidate that would not finish within what is left of the budget is not started. Every other
-``bench run`` flag given here (model, precision, windows, ...) is shared by all candidates; a knob given on the command
-line is fixed, not searched (``--batch-size`` is where the batch search starts).
+last (the costliest to try). Every other ``bench run`` flag given here (model, precision, windows, ...) is shared by
+all candidates; a knob given on the command line is fixed, not searched (``--batch-size`` is where the batch search
+starts).
+
+It follows the suite's rules:
+
+- **The sweep's configurations.** The backends and world sizes are ``bench run``'s plan for the same flags: each
+  backend at the largest world size the sweep runs it at (on CPU ``single`` at 1, the others at the sweep's top), with
+  the sweep's share of the cores; ``--gpus 1,2`` tunes at each size listed.
+- **The same records.** Each candidate is one ``bench run`` of that configuration (its own process tree, the machine
+  watched around it: bench/commands/_measure.py), so its record in RESULTS/tune/raw carries ``machine``,
+  ``disturbed`` and ``disturbed_reasons`` like a sweep's. A candidate replaces the incumbent only when its 95% interval
+  lies above the incumbent's and neither run was disturbed, so neither noise nor a busy machine picks a "best".
+- **The budget.** A trial is started only when it can finish in what is left of its backend's share (an even share of
+  what is left): 1.25 x the slowest trial so far, plus what compiling adds; a backend's first trial is estimated from
+  the others' (the very first starts). No trial may outlast the whole budget: its time limit is what is left of it.
 
 Each backend's best is written as a reusable ``bench run`` command line, and all of it to RESULTS/tune/summary-*.json
-(bench/core/tune.py), which the report reads ("At their best (bench tune)", and one line of the verdict)."""
+(bench/core/tune.py), which the report reads ("At their best (bench tune)", and one line of the verdict); ``bench report``
+reads a folder of tune results alone too. Exit codes: 0, 1 when a backend's starting point failed, 2 bad input or
+nothing to tune here, 3 when a trial was disturbed (nothing failed, but the search decided nothing on it), 130."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.core.errors import UsageError
+from bench.core.config import RunConfig
+from bench.core.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 
 DEFAULT_BUDGET_S = 600.0
 BATCH_STEPS = 3  # at most 2x, 4x, 8x the default batch (doubling stops at the first that does not win)
@@ -27,6 +41,9 @@ BATCH_STEPS = 3  # at most 2x, 4x, 8x the default batch (doubling stops at the f
 TRY = {"channels_last": (True,), "ddp_bucket_mb": (5.0, 100.0), "ddp_grad_as_bucket_view": (True,),
        "ddp_static_graph": (True,), "fsdp_reshard": ("never", "always"), "compile": (True,)}
 COMPILE_EXTRA_S = {"cpu": 60.0, "cuda": 120.0}  # what compiling adds to a run, for the budget's estimate
+# A trial is started only when this many times the slowest ok trial so far (plus what compiling adds) fits in what is
+# left: trials of one backend vary (a doubled batch, a busy machine), and a budget is a promise
+ESTIMATE_MARGIN = 1.25
 NOT_WITH_TUNE = ("find_max_batch", "find_max_model", "reference", "resume", "trace", "external", "repeat")
 
 
@@ -64,51 +81,81 @@ def dimensions(knob_keys: set[str], fixed: set[str], device_type: str, kind: str
 
 
 def search(dims: list[tuple[str, tuple]], measure, budget_s: float, clock=time.monotonic,
-           extra_s=lambda settings: 0.0, say=lambda line: None) -> dict:
+           extra_s=lambda settings: 0.0, say=lambda line: None, first_s: float | None = None,
+           unit: str = "/s") -> dict:
     """Coordinate search from the defaults. ``measure(settings)`` -> a trial: ``status`` ("ok" or why not), ``median``,
-    ``ci95``, ``seconds`` (what it took). A candidate replaces the incumbent only when its interval lies above the
-    incumbent's (``above``); the batch is doubled only while each doubling wins. A candidate is started only when
-    the slowest ok trial so far plus ``extra_s(settings)`` fits in what is left of ``budget_s``."""
+    ``ci95``, ``seconds`` (what it took), ``disturbed``. A trial is started only when it can finish in what is left of
+    ``budget_s``: its estimate is
+    ``ESTIMATE_MARGIN`` x the slowest ok trial so far (``first_s`` for the first, from other backends' trials; none
+    known, it starts) plus ``extra_s(settings)``. A candidate replaces the incumbent only when its interval lies above
+    the incumbent's (``above``) and neither run was disturbed (a busy machine, not the setting, would have decided it);
+    the batch is doubled only while each doubling wins."""
     from bench.core.tune import describe
 
     start = clock()
+    trials: list[dict] = []
+
+    def fits(settings: dict, known: float | None) -> tuple[bool, float | None, float]:
+        left = budget_s - (clock() - start)
+        need = None if known is None else ESTIMATE_MARGIN * known + extra_s(settings)
+        return need is None or need <= left, need, left
+
+    def not_run(settings: dict, need: float, left: float) -> dict:
+        return {"settings": settings, "status": "not run", "median": None, "ci95": None, "seconds": 0.0,
+                "verdict": f"not run: about {need:.0f} s needed, {max(0.0, left):.0f} s of the budget left"}
+
+    ok, need, left = fits({}, first_s)
+    if not ok:
+        best = not_run({}, need, left)
+        say(line(best, unit))
+        return {"default": best, "best": None, "trials": [best], "spent_s": clock() - start}
     best = {**measure({}), "settings": {}}
-    best["verdict"] = "the starting point" if best["status"] == "ok" else f"{best['status']}: {best.get('reason')}"
-    trials = [best]
-    say(line(best))
+    best["verdict"] = ("the starting point" if best["status"] == "ok" else f"{best['status']}: {best.get('reason')}") \
+        + disturbed_note(best)
+    trials.append(best)
+    say(line(best, unit))
     if best["status"] != "ok":
         return {"default": best, "best": None, "trials": trials, "spent_s": clock() - start}
     for key, values in dims:
         for value in values:
             settings = {**best["settings"], key: value}
-            need = max(t["seconds"] for t in trials if t["status"] == "ok") + extra_s(settings)
-            left = budget_s - (clock() - start)
-            if need > left:
-                trials.append({"settings": settings, "status": "not run", "median": None, "ci95": None, "seconds": 0.0,
-                               "verdict": f"not run: about {need:.0f} s needed, {max(0.0, left):.0f} s of the budget "
-                                          "left"})
-                say(line(trials[-1]))
+            ok, need, left = fits(settings, max(t["seconds"] for t in trials if t["status"] == "ok"))
+            if not ok:
+                trials.append(not_run(settings, need, left))
+                say(line(trials[-1], unit))
                 continue
             t = {**measure(settings), "settings": settings}
+            wins = t["status"] == "ok" and above(t, best) and not t.get("disturbed") and not best.get("disturbed")
             if t["status"] != "ok":
                 t["verdict"] = f"{t['status']}: {t.get('reason')}"
-            elif above(t, best):
+            elif wins:
                 t["verdict"] = f"faster than {describe(best['settings'])} beyond the intervals: the new best"
+            elif above(t, best):
+                t["verdict"] = (f"faster than {describe(best['settings'])} beyond the intervals, but not judged: "
+                                "disturbed runs decide nothing")
             else:
                 t["verdict"] = f"not faster than {describe(best['settings'])} beyond the intervals"
+            t["verdict"] += disturbed_note(t)
             trials.append(t)
-            say(line(t))
-            if t["status"] == "ok" and above(t, best):
+            say(line(t, unit))
+            if wins:
                 best = t
             elif key == "batch_size":
                 break  # a larger batch that does not win (or does not fit) ends the doubling
     return {"default": trials[0], "best": best, "trials": trials, "spent_s": clock() - start}
 
 
-def line(t: dict) -> str:
+def disturbed_note(t: dict) -> str:
+    return f" (⚠ disturbed: {t['disturbed_reasons'][0]})" if t.get("disturbed") and t.get("disturbed_reasons") else \
+        " (⚠ disturbed)" if t.get("disturbed") else ""
+
+
+def line(t: dict, unit: str = "/s") -> str:
+    """A trial on the console, its throughput in the run's own unit: "  batch 16: 140.2 img/s (95% CI ...); ..."."""
     from bench.core.tune import describe
 
-    got = (f"{t['median']:,.1f}/s (95% CI {t['ci95'][0]:,.1f}-{t['ci95'][1]:,.1f})" if t.get("median") is not None
+    unit = t.get("unit") or unit
+    got = (f"{t['median']:,.1f} {unit} (95% CI {t['ci95'][0]:,.1f}-{t['ci95'][1]:,.1f})" if t.get("median") is not None
            else "")
     return f"  {describe(t['settings'])}: {got}{'; ' if got else ''}{t['verdict']}"
 
@@ -151,92 +198,157 @@ def flags_of(settings: dict) -> list[str]:
     return out
 
 
+def targets(configs: list, every_size: bool) -> list:
+    """What to tune: the sweep's own configurations (``bench run``'s plan for the same flags), one per backend and world
+    size (the backend's own run, not DataParallel's labelled cudnn.benchmark-off variant). Without ``--gpus``, each
+    backend at the largest world size the sweep runs it at (on CPU: single at 1, the others at the sweep's top); with
+    ``--gpus``, at each size listed."""
+    own: dict[tuple, RunConfig] = {}
+    for c in configs:
+        if c.cudnn_benchmark is not False:
+            own.setdefault((c.backend, c.world_size), c)
+    if every_size:
+        return list(own.values())
+    top: dict[str, RunConfig] = {}
+    for (name, n), c in own.items():
+        if name not in top or n > top[name].world_size:
+            top[name] = c
+    return list(top.values())
+
+
 def cmd_tune(args) -> int:
+    import dataclasses
+
     import backends
     from bench import launch
-    from bench.commands._plan import check_writable, parse_run, plan
-    from bench.core import environment, results, tune, workloads
-    from bench.core.devices import detect_device
+    from bench.commands._measure import run_watched
+    from bench.commands._plan import check_writable, parse_run, plan, skip_reason
+    from bench.core import environment, peak, results, tune, workloads
 
+    start = time.monotonic()
     given = [f"--{k.replace('_', '-')}" for k in NOT_WITH_TUNE if getattr(args, k, None) not in (None, False)]
     if given:
         raise UsageError(f"bench tune runs one timed run per candidate; {', '.join(given)} is for bench run")
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s must be a positive number of seconds, got {args.budget_s:g}")
-    device_type, present = detect_device(args.device)
-    if args.gpus and "," in args.gpus:
-        raise UsageError(f"--gpus {args.gpus}: bench tune searches at one world size (give one number)")
-    world = int(args.gpus) if args.gpus else (present if device_type == "cuda" else 1)
-    names = [n.strip() for n in (args.backends.split(",") if args.backends != "all" else backends.names()) if n.strip()]
     base = argv_of(args, drop=("backends", "gpus", "max_gpus", "results"))
-    plan(parse_run([*base, "--backends", ",".join(names), "--gpus", str(world), "--results", args.results]))  # checks
+    sizes = ["--gpus", args.gpus] if args.gpus else ["--max-gpus", args.max_gpus] if args.max_gpus else []
+    # bench run's own plan for these flags: every check, and the world sizes and thread shares the sweep would use
+    configs, _ = plan(parse_run([*base, "--backends", args.backends, *sizes, "--results", args.results]))
+    todo = targets(configs, every_size=bool(args.gpus))
+    why = {(c.backend, c.world_size): skip_reason(c) for c in todo}
+    if all(why.values()):
+        parts: dict[str, list[str]] = {}
+        for (name, n), reason in why.items():
+            parts.setdefault(reason, []).append(f"{name} x{n}")
+        raise UsageError(f"nothing to run: every backend to tune would be skipped here "
+                         f"({'; '.join(', '.join(v) + ': ' + r for r, v in parts.items())})")
+    device_type = todo[0].device_type
     fixed = {"cudnn_benchmark"} if args.cudnn_benchmark is not None else set()  # --batch-size: where the batch starts
     fixed |= {k.key for k in backends.knobs() if getattr(args, k.dest, None) not in k.off + (None,)}
     raw = Path(args.results) / "tune" / "raw"
     check_writable(raw)
-    env_meta = environment.collect_env(backends.environment(names))
-    start, summaries, first = time.monotonic(), [], None
-    stamp = results.new_run_id("tune", world).split("-tune")[0]
-    for i, name in enumerate(names):
-        backend = backends.create(name)
-        n = min(world, backend.world_size_limit(device_type)[0] or world)
+    env_meta = environment.collect_env(backends.environment(c.backend for c in todo))
+    # the records are a sweep's: the same writer, the machine watched, the measured peak as bench run asks for it
+    measured_peak = {"cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
+    summaries, first, slowest, peak_warned = [], None, None, set()
+    stamp = results.new_run_id("tune", max(c.world_size for c in todo)).split("-tune")[0]
+    deadline = start + args.budget_s
+    for i, target in enumerate(todo):
+        name, n = target.backend, target.world_size
         run_args = [*base, "--backends", name, "--gpus", str(n), "--results", str(raw)]
 
-        def configure(settings, run_args=run_args):
+        def configure(settings, run_args=run_args, target=target):
             configs, _ = plan(parse_run([*run_args, *flags_of(settings)]))
-            return configs[0]  # the backend's own run (DataParallel's labelled cudnn.benchmark-off variant comes after)
+            # the backend's own run, with the sweep's share of the cores (a CPU sweep gives every rank the same)
+            return dataclasses.replace(configs[0], threads=target.threads)
 
-        try:
-            cfg0 = configure({})
-        except UsageError as e:
-            summaries.append({"backend": name, "world_size": n, "status": "skipped", "reason": str(e)})
+        reason = why[(name, n)]
+        if reason:
+            print(f"tune {name} x{n}: skipped: {reason}", file=sys.stderr)
+            summaries.append({"backend": name, "world_size": n, "status": "skipped", "reason": reason})
             continue
-        first = first or cfg0
-        why = backend.unavailable(cfg0)
-        if why:
-            print(f"tune {name}: skipped: {why}", file=sys.stderr)
-            summaries.append({"backend": name, "world_size": n, "status": "skipped", "reason": why})
-            continue
+        first = first or target
 
-        def measure(settings, configure=configure, backend=backend):
+        def measure(settings, configure=configure):
             try:
                 cfg = configure(widen_warmup(settings, configure))
             except UsageError as e:
                 return {"status": "refused", "reason": str(e), "median": None, "ci95": None, "seconds": 0.0}
+            normal = cfg.timeout or launch.default_timeout(cfg)
+            cap = min(normal, max(1.0, deadline - time.monotonic()))  # no trial outlasts the whole budget
             t0 = time.monotonic()
-            rec = launch.run_one(cfg, raw, env_meta, backend)
-            got = {"status": rec["status"], "reason": rec.get("reason"), "median": rec.get("throughput"),
-                   "ci95": rec.get("throughput_ci95"), "run_id": rec["run_id"], "seconds": time.monotonic() - t0,
-                   "unit": f"{workloads.sample_unit(rec)}/s"}
-            return got
+            rec = run_watched(dataclasses.replace(cfg, timeout=cap), raw, env_meta, extra_spec={"peak": measured_peak})
+            took = time.monotonic() - t0
+            note = peak.warning(rec.get("peak_measured"))  # a peak measured under load: used, said once
+            if note and note not in peak_warned:
+                peak_warned.add(note)
+                print(f"warning: {note}", file=sys.stderr)
+            status, reason = rec["status"], rec.get("reason")
+            if status == "failed" and cap < normal and took >= cap - 1.0:
+                status, reason = "stopped", f"stopped at the end of the budget, after {took:.0f} s"
+            return {"status": status, "reason": reason, "median": rec.get("throughput"),
+                    "ci95": rec.get("throughput_ci95"), "run_id": rec["run_id"], "seconds": took,
+                    "unit": f"{workloads.sample_unit(rec)}/s", "disturbed": bool(rec.get("disturbed")),
+                    "disturbed_reasons": rec.get("disturbed_reasons") or []}
 
-        left = args.budget_s - (time.monotonic() - start)
-        budget = left / (len(names) - i)  # an even share of what is left: a backend that finished early gives back
-        print(f"tune {name} x{n} ({budget:.0f} s of the budget):", flush=True)
-        kind = cfg0.workload.kind
-        dims = dimensions({k.key for k in backend.knobs}, fixed, device_type, kind, cfg0.batch_size)
-        found = search(dims, measure, budget, extra_s=lambda s: COMPILE_EXTRA_S[device_type] if s.get("compile") else 0,
+        share = (deadline - time.monotonic()) / (len(todo) - i)  # an even share of what is left (early finishers give)
+        unit = f"{workloads.sample_unit(target.to_dict())}/s"
+        print(f"tune {name} x{n} ({max(0.0, share):.0f} s of the budget):", flush=True)
+        dims = dimensions({k.key for k in backends.backend_class(name).knobs}, fixed, device_type,
+                          target.workload.kind, target.batch_size)
+        found = search(dims, measure, share, clock=time.monotonic, first_s=slowest, unit=unit,
+                       extra_s=lambda s: COMPILE_EXTRA_S[device_type] if s.get("compile") else 0,
                        say=lambda text: print(text, flush=True))
-        best = found["best"]
+        ran = [t["seconds"] for t in found["trials"] if t["status"] == "ok"]
+        slowest = max([*ran, slowest or 0.0]) or None
+        best, default = found["best"], found["default"]
         command = None if best is None else shlex.join(
-            ["python", "-m", "bench", "run", *run_args[:-2], *flags_of(widen_warmup(best["settings"], configure))])
-        summaries.append({"backend": name, "world_size": n, "status": "ok" if best else "failed",
-                          "reason": None if best else found["default"].get("reason"), "budget_s": budget,
-                          "spent_s": found["spent_s"], "default": found["default"], "best": best, "command": command,
-                          "trials": found["trials"]})
+            ["python", "-m", "bench", "run", *reproduce(run_args[:-2], flags_of(widen_warmup(best["settings"], configure)))])
+        status = "ok" if best else "not run" if default["status"] in ("not run", "stopped") else "failed"
+        summaries.append({"backend": name, "world_size": n, "status": status,
+                          "reason": None if best else default.get("reason") or default.get("verdict"),
+                          "budget_s": share, "spent_s": found["spent_s"], "default": default, "best": best,
+                          "command": command, "trials": found["trials"],
+                          "disturbed_trials": sum(bool(t.get("disturbed")) for t in found["trials"])})
     doc = {"schema": tune.TUNE_SCHEMA, "kind": "tune", "created_at": results.utc_now(), "budget_s": args.budget_s,
            "spent_s": time.monotonic() - start, "device_type": device_type,
-           "hardware": results.hardware({"device_type": device_type, "env": env_meta}), "world_size": world,
+           "hardware": results.hardware({"device_type": device_type, "env": env_meta}),
+           "world_size": max(c.world_size for c in todo), "world_sizes": sorted({c.world_size for c in todo}),
            "workload": {k: getattr(first, k, None) for k in (*workloads.FIELDS, "precision", "data")}
            if first else None, "shared_flags": base, "backends": summaries, "env": env_meta}
-    target = tune.path(args.results, stamp)
-    results.write_json_atomic(doc, target)
+    target_path = tune.path(args.results, stamp)
+    results.write_json_atomic(doc, target_path)
     print(table(doc))
     for s in summaries:
         if s.get("command"):
             print(f"{s['backend']}: {s['command']}")
-    print(f"tune: {target}")
-    return 0 if all(s["status"] != "failed" for s in summaries) else 1
+    print(f"tune: {target_path} ({doc['spent_s']:.0f} s of a {args.budget_s:g} s budget)")
+    return exit_code(summaries)
+
+
+def exit_code(summaries: list[dict]) -> int:
+    """docs/command-line.md, "Exit codes": 1 when a backend's starting point failed; 3 when nothing failed but a trial
+    was disturbed (its search decided nothing on it: re-run on a quiet machine); else 0."""
+    if any(s["status"] == "failed" for s in summaries):
+        return EXIT_FAILED
+    if any(s.get("disturbed_trials") for s in summaries):
+        return EXIT_INCONCLUSIVE
+    return EXIT_OK
+
+
+def reproduce(shared: list[str], best: list[str]) -> list[str]:
+    """The shared flags, less those the best settings give another value (``--batch-size 2`` where the best is
+    ``--batch-size 4``: one flag, not two), then the best's."""
+    given = {f for f in best if f.startswith("--")}
+    out, i = [], 0
+    while i < len(shared):
+        if shared[i] in given:
+            i += 1 if i + 1 >= len(shared) or shared[i + 1].startswith("--") else 2
+            continue
+        out.append(shared[i])
+        i += 1
+    return out + best
 
 
 def widen_warmup(settings: dict, configure) -> dict:
@@ -269,7 +381,8 @@ def table(doc: dict) -> str:
         thr = lambda t: None if not t or t.get("median") is None else (  # noqa: E731
             f"{t['median']:,.1f} {t.get('unit', '/s')} ({t['ci95'][0]:,.1f}–{t['ci95'][1]:,.1f})")
         gain = f"{b['median'] / d['median']:.2f}×" if b and d.get("median") else None
+        note = f" (⚠ {s['disturbed_trials']} disturbed trial(s))" if s.get("disturbed_trials") else ""
         rows.append([s["backend"], s["world_size"], thr(d), thr(b), gain,
-                     describe(b["settings"]) if b else f"failed: {s['reason']}"])
+                     (describe(b["settings"]) if b else f"{s['status']}: {s['reason']}") + note])
     return md_table(["backend", "world size", "at the shared defaults", "at its best", "best / defaults",
                      "best settings"], rows, {1, 4})

@@ -27,8 +27,8 @@ floor (``FLOORS``). With 2 replicas the twin is bit-identical to the reference (
 correct backend must be too, within the floor; with more, the all-reduce's own order is rounding the twin
 imitates, and a fault still shows in the first steps, before rounding has grown.
 
-Exit codes: 0 every backend passed (skipped ones are listed with the reason), 1 one failed or could not
-run, 2 bad input.
+Exit codes (docs/command-line.md, "Exit codes"): 0 every backend passed (skipped ones are listed with the reason), 1
+one failed or could not run, 2 bad input or nothing to verify here (every backend would be skipped), 130 interrupted.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from pathlib import Path
 from bench.core import environment, workloads
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError
+from bench.core.flags import add_renamed
 
 # Deviations a correct backend may show where rounding alone moves nothing (the twin is bit-identical):
 # (max |loss - loss_ref| over the steps, final parameter distance relative to the update). Measured on
@@ -68,7 +69,8 @@ def register(sub) -> None:
     v.add_argument("--steps", type=int, help="training steps compared (default 20)")
     v.add_argument("--precision", help="fp32 | fp16 | bf16 (default: each backend's own)")
     v.add_argument("--eval-samples", type=int, help="synthetic evaluation set size (default 250 on CPU, 500 on GPU)")
-    v.add_argument("--timeout", type=float, help="seconds per run before it is killed")
+    add_renamed(v, "--timeout-s", "--timeout", dest="timeout", type=float, metavar="SECONDS",
+                help="seconds per run before it is killed")
     v.add_argument("--results", default="results/raw", help="records go to RESULTS/verify (default results/raw)")
     v.add_argument("--keep-params", action="store_true", help="keep each run's parameters (.npz) after comparing")
     v.set_defaults(func=cmd_verify)
@@ -106,7 +108,7 @@ def plan(args):
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if args.timeout is not None and args.timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+        raise UsageError(f"--timeout-s must be a positive number of seconds, got {args.timeout}")
     base = {"device_type": device_type, "model": model, "image_size": args.image_size or d["image_size"],
             "batch_size": args.batch_size or d["batch_size"], "steps": args.steps or d["steps"],
             "eval_samples": args.eval_samples or d["eval_samples"], "timeout": args.timeout,
@@ -144,6 +146,13 @@ def cmd_verify(args) -> int:
     from bench.core import results
 
     base, entries = plan(args)
+    if entries and all(e.skipped for e in entries):  # nothing to verify here: refused, nothing launched (exit 2)
+        why: dict[str, list[str]] = {}
+        for e in entries:
+            why.setdefault(e.skipped, []).append(f"{e.backend} x{e.world_size}")
+        parts = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in why.items())
+        raise UsageError(f"nothing to run: all {len(entries)} planned verification{'s' if len(entries) != 1 else ''} "
+                         f"would be skipped here ({parts})")
     out = Path(args.results) / "verify"
     check_writable(out)
     env = environment.collect_env(backends.environment(e.backend for e in entries if not e.skipped))

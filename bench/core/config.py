@@ -32,6 +32,11 @@ DEFAULTS = {
 WORKLOAD_BATCH = {("cuda", "language"): 8}
 
 
+# The flag that sets each checked field (every error names its flag: docs/command-line.md)
+FLAGS = {"world_size": "--gpus", "image_size": "--image-size", "seq_len": "--seq-len", "batch_size": "--batch-size",
+         "steps": "--steps", "windows": "--windows", "eval_samples": "--eval-samples"}
+
+
 def default_batch(device_type: str, kind: str) -> int:
     """The per-device batch a run gets when --batch-size is not given (docs/command-line.md: defaults)."""
     return WORKLOAD_BATCH.get((device_type, kind), DEFAULTS[device_type]["batch_size"])
@@ -87,35 +92,36 @@ class RunConfig:
             self.image_size = None  # no images
         self.optimizer = self.optimizer or self.workload.default_optimizer
         if self.optimizer not in workloads.OPTIMIZERS:
-            raise UsageError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(workloads.OPTIMIZERS)}")
+            raise UsageError(f"--optimizer {self.optimizer!r}: unknown optimizer; choose from "
+                             f"{', '.join(workloads.OPTIMIZERS)}")
         sizes = ("image_size",) if kind == "vision" else ("seq_len",) if kind == "language" else ()
         for name in ("world_size", *sizes, "batch_size", "steps", "windows", "eval_samples"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise UsageError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+                raise UsageError(f"{FLAGS[name]} must be a positive integer, got {value!r}")
         if not isinstance(self.warmup, int) or self.warmup < MIN_WARMUP:
-            raise UsageError(f"warmup {self.warmup!r} is too short to reach steady state; use at least {MIN_WARMUP} "
+            raise UsageError(f"--warmup {self.warmup!r} is too short to reach steady state; use at least {MIN_WARMUP} "
                               f"(step 1 pays lazy initialisation and cuDNN's algorithm search, and DDP rebuilds its "
                               f"gradient buckets at step 2)")
         if not (isinstance(self.repeats, int) and self.repeats >= 1 and 1 <= self.repeat_index <= self.repeats):
-            raise UsageError(f"repeat must be a positive integer, got {self.repeats!r}")
+            raise UsageError(f"--repeat must be a positive integer, got {self.repeats!r}")
         if self.timeout is not None and not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
-            raise UsageError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+            raise UsageError(f"--timeout-s must be a positive number of seconds, got {self.timeout!r}")
         if self.precision not in PRECISIONS:
-            raise UsageError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+            raise UsageError(f"--precision {self.precision!r}: unknown precision; choose from {', '.join(PRECISIONS)}")
         if self.data not in DATA_KINDS:
-            raise UsageError(f"unknown data {self.data!r}; choose from {', '.join(DATA_KINDS)}")
+            raise UsageError(f"--data {self.data!r}: unknown data; choose from {', '.join(DATA_KINDS)}")
         if self.data == "imagenet":  # the names are checked by the planner, which asks the loader registry
             self.loader, self.decode = self.loader or "torchvision", self.decode or "cpu"
         elif self.loader or self.decode:
             raise UsageError("--loader and --decode are for --data imagenet; synthetic data is a fixed batch on the "
                               "device")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
-            raise UsageError(f"workers must be a non-negative integer, got {self.workers!r}")
+            raise UsageError(f"--workers must be a non-negative integer, got {self.workers!r}")
         if self.device_type not in DEVICE_TYPES:
-            raise UsageError(f"unknown device type {self.device_type!r}; choose from {', '.join(DEVICE_TYPES)}")
+            raise UsageError(f"--device {self.device_type!r}: unknown device type; choose from {', '.join(DEVICE_TYPES)}")
         if not isinstance(self.nnodes, int) or self.nnodes < 1 or self.world_size % self.nnodes:
-            raise UsageError(f"nnodes must be a positive integer dividing the world size, got {self.nnodes!r}")
+            raise UsageError(f"--nnodes must be a positive integer dividing the world size, got {self.nnodes!r}")
         if self.device_type == "cpu":
             self.cudnn_benchmark = None  # nothing to switch: recorded as not applicable
         elif self.cudnn_benchmark is None:

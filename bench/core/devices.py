@@ -20,7 +20,7 @@ def detect_device(requested: str) -> tuple[str, int]:
     from bench.core import cuda
 
     if requested not in ("auto", "cuda", "cpu"):
-        raise UsageError(f"unknown device {requested!r}; choose from auto, cuda, cpu")
+        raise UsageError(f"--device {requested!r}: unknown device; choose from auto, cuda, cpu")
     has_cuda = cuda.available()  # does not create a CUDA context in this process
     if requested == "cuda" and not has_cuda:
         raise UsageError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "

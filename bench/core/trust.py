@@ -60,15 +60,15 @@ DISTURBED, UNSTABLE, EFFICIENCY, LOSS, SAME_COMPUTATION, FIRST_WINDOW = (
 KINDS = (DISTURBED, UNSTABLE, EFFICIENCY, LOSS, SAME_COMPUTATION, FIRST_WINDOW)
 
 ADVICE = {
-    DISTURBED: "re-run it on a quiet machine (`bench run --wait-quiet` waits for one); the verdict names no winner "
+    DISTURBED: "re-run it on a quiet machine (`bench run --wait-quiet-s` waits for one); the verdict names no winner "
                "from disturbed runs and the regression gate calls them inconclusive (exit 3)",
     UNSTABLE: "repeat with more runs (`--repeat 5`), longer windows (`--steps`), or on a quieter machine "
-              "(`--wait-quiet`); differences smaller than this spread are not established",
-    EFFICIENCY: "check the baseline's own warnings and re-run it (`--repeat 3 --wait-quiet`): a baseline that ran slow "
+              "(`--wait-quiet-s`); differences smaller than this spread are not established",
+    EFFICIENCY: "check the baseline's own warnings and re-run it (`--repeat 3 --wait-quiet-s`): a baseline that ran slow "
                 "makes every efficiency built on it too high",
     LOSS: "the compute-only reference and the run were measured under different conditions: re-run on a quiet "
-          "machine (`--repeat 3 --wait-quiet`) before reading the split",
-    SAME_COMPUTATION: "re-run both (`--repeat 3 --wait-quiet`); at world size 1 the difference should be the wrapper's "
+          "machine (`--repeat 3 --wait-quiet-s`) before reading the split",
+    SAME_COMPUTATION: "re-run both (`--repeat 3 --wait-quiet-s`); at world size 1 the difference should be the wrapper's "
                       "few percent",
     FIRST_WINDOW: "raise `--warmup` (the warm-up did not reach steady state: compilation, autotuning, allocation) or "
                   "re-run",
@@ -78,15 +78,15 @@ ADVICE = {
 # One line per kind for the verdict's first screen (``by_kind``): what is counted, what the figures are, what to do.
 # {n}: runs (disturbed) or configurations; {range}: the figures' range; {total}: ok runs in the report.
 SUMMARY = {
-    DISTURBED: ("{n} of {total} runs", "other processes used {range}% of the CPUs", "re-run with `--wait-quiet`"),
+    DISTURBED: ("{n} of {total} runs", "other processes used {range}% of the CPUs", "re-run with `--wait-quiet-s`"),
     UNSTABLE: ("{n} configuration{s}", f"run-to-run CV {{range}}% (limit {100 * CV_RUNS_MAX['cuda']:.0f}% on GPUs, "
                f"{100 * CV_RUNS_MAX['cpu']:.0f}% on CPUs)", "repeat with `--repeat 5`"),
     EFFICIENCY: ("{n} configuration{s}", f"scaling efficiency {{range}}% (limits {EFFICIENCY_MIN_PCT:g} and "
-                 f"{EFFICIENCY_MAX_PCT:g}%), not shown", "re-run the baseline with `--repeat 3 --wait-quiet`"),
+                 f"{EFFICIENCY_MAX_PCT:g}%), not shown", "re-run the baseline with `--repeat 3 --wait-quiet-s`"),
     LOSS: ("{n} configuration{s}", f"scaling-loss or exposed shares of {{range}}% (limit {100 * LOSS_MIN:.0f}%), not "
-           "shown", "re-run with `--wait-quiet`"),
+           "shown", "re-run with `--wait-quiet-s`"),
     SAME_COMPUTATION: ("{n} backend{s} at world size 1", f"{{range}}x single's throughput (limit "
-                       f"{SAME_COMPUTATION_RATIO:g}x either way)", "re-run both with `--repeat 3 --wait-quiet`; `--trace` "
+                       f"{SAME_COMPUTATION_RATIO:g}x either way)", "re-run both with `--repeat 3 --wait-quiet-s`; `--trace` "
                        "says where the time goes"),
     FIRST_WINDOW: ("{n} configuration{s}", f"first timed window {{range}}x the others (limit {FIRST_WINDOW_RATIO:g}x)",
                    "raise `--warmup`"),
@@ -203,15 +203,16 @@ def gpu_reasons(gpus: list[dict], during: str) -> list[str]:
     return out
 
 
-def machine_reasons(machine: dict, device_type: str) -> list[str]:
-    """Why a run is disturbed (empty: it is not), from the machine state the harness recorded around it."""
+def machine_reasons(machine: dict, device_type: str, windows: str | None = None) -> list[str]:
+    """Why a run is disturbed (empty: it is not), from the machine state the harness recorded around it. ``windows``
+    names the span the watch judged where it was not timed windows (a to-accuracy run's training)."""
     cpus = machine.get("cpus") or 1
     reasons = []
-    for part, during in (("windows", "the timed windows"), ("compute_only", "the compute-only windows")):
+    for part, during in (("windows", windows or "the timed windows"), ("compute_only", "the compute-only windows")):
         why = cpu_reason(machine.get(part), cpus, device_type, during)
         if why:
             reasons.append(why)
-    return reasons + gpu_reasons(machine.get("gpus") or [], "the windows")
+    return reasons + gpu_reasons(machine.get("gpus") or [], windows or "the windows")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def _kind(model: str, strict: bool) -> str:
         return "custom"
     if model.startswith("gpt-"):
         if strict:
-            raise UsageError(f"unknown GPT size {model!r}; choose from {', '.join(GPT_SIZES)}")
+            raise UsageError(f"--model {model!r}: unknown GPT size; choose from {', '.join(GPT_SIZES)}")
         return "language"
     return "vision"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from pathlib import Path
 
@@ -92,10 +91,12 @@ def entry(k: dict, device: torch.device, directory: Path, since: str | None) -> 
         return found
     path = vocab.entry_path(k, directory)
     path.parent.mkdir(parents=True, exist_ok=True)  # an unusable cache fails here, before the measurement
+    probe = vocab.load_probe(k["device_type"])
     got = measure(device, k["precision"], k["tf32"])
-    # a rate measured beside other load is low, and cached: say how loaded the machine was (bench peak --refresh)
-    new = {"schema": vocab.PEAK_SCHEMA, "key": k, "measured_at": utc_now(), "load_average": os.getloadavg()[0],
-           "cpus": os.cpu_count(), **got}
+    # a rate measured beside other load is low, and cached: keep the load it ran under (bench/core/peak.py, busy)
+    load = probe()
+    new = {"schema": vocab.PEAK_SCHEMA, "key": k, "measured_at": utc_now(), "load": load,
+           "load_average": load["load_average_before"][0], "cpus": load["cpus"], **got}
     write_json_atomic(new, path, overwrite=True)
     return {**new, "cache": str(path), "measured_now": True}
 

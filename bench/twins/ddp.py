@@ -4,7 +4,6 @@ not use the suite would; ddp_zero's twin also steps through ZeroRedundancyOptimi
 the windows are loop.py's. No harness code: torch only."""
 import inspect
 
-import torch
 import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel

@@ -101,14 +101,16 @@ def test_bf16_autocast_find_unused_and_the_bf16_hook(results_dir):
     assert rec["replicas_consistent"] is True and rec["throughput"] > 0
     assert rec["backend_info"]["autocast_dtype"] == "bfloat16" and rec["backend_info"]["grad_scaler"] is False
     assert rec["backend_info"]["find_unused_parameters"] is True and rec["backend_info"]["comm_hook"] == "bf16"
-    # PowerSGD needs NCCL: on CPU it is a skip with the reason, before anything is launched
+    # PowerSGD needs NCCL: on CPU it is a skip with the reason, before anything is launched; a plan of nothing else
+    # is refused with that reason (exit 2) and writes no record
     proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--warmup", 4, "--ddp-comm-hook", "powersgd",
                         "--results", results_dir / "psgd")
-    [rec] = records(results_dir / "psgd")
-    assert rec["status"] == "skipped" and rec["reason"].startswith("the PowerSGD hook needs NCCL")
+    assert proc.returncode == 2 and proc.stderr.startswith("bench: error: nothing to run: all 1 planned run would be "
+                                                           "skipped here (ddp: the PowerSGD hook needs NCCL"), proc.stderr
+    assert records(results_dir / "psgd") == []
     proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--ddp-comm-hook", "powersgd",
                         "--results", results_dir / "x")
-    assert proc.returncode == 2 and proc.stderr.startswith("bench: error: warmup 2 is too short for ddp: use at "
+    assert proc.returncode == 2 and proc.stderr.startswith("bench: error: --warmup 2 is too short for ddp: use at "
                                                            "least 4 (PowerSGD runs plain all-reduce")
 
 

@@ -4,16 +4,20 @@ default precision recorded all the same; on a GPU, bf16 autocast with SyncBatchN
 import pytest
 
 from backends.ddp_amp_syncbn import SYNCBN_CPU
-from tests.conftest import TINY, bench_inproc, records
+from tests.conftest import TINY, cli_error, records
 
 
-def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir):
-    proc = bench_inproc("run", "--backends", "ddp_amp_syncbn", "--gpus", 1, *TINY, "--results", results_dir)
-    assert proc.returncode == 0, proc.stderr
-    [rec] = records(results_dir)
-    assert rec["status"] == "skipped" and rec["reason"] == SYNCBN_CPU
-    assert rec["precision"] == "fp16"  # apex O1's default, recorded even when skipped
-    assert "SyncBatchNorm layers only work with GPU modules" in proc.stdout
+def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir, capsys):
+    from bench.commands._plan import parse_run, plan, skip_reason
+
+    [cfg], _ = plan(parse_run(["--backends", "ddp_amp_syncbn", "--gpus", "1", *TINY]))
+    assert skip_reason(cfg) == SYNCBN_CPU
+    assert cfg.precision == "fp16"  # apex O1's default, planned (and recorded) even where it is skipped
+    # alone in the plan, nothing would run: refused before launch with the reason (exit 2), no record
+    code, err = cli_error(capsys, "run", "--backends", "ddp_amp_syncbn", "--gpus", 1, *TINY, "--results", results_dir)
+    assert (code, err) == (2, f"bench: error: nothing to run: all 1 planned run would be skipped here (ddp_amp_syncbn: "
+                              f"{SYNCBN_CPU})\n")
+    assert records(results_dir) == []
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from bench.commands.report.common import CSV_FIRST, write_atomic
+from bench.core.errors import EXIT_BAD_INPUT, EXIT_OK
 
 
 def register(sub) -> None:
@@ -41,11 +42,11 @@ def cmd_report(args) -> int:
     src, out = Path(args.results), Path(args.out)
     if not src.is_dir():
         what = "is a file, not a directory" if src.exists() else "does not exist"
-        print(f"bench: error: results directory {str(src)!r} {what}", file=sys.stderr)
-        return 2
+        print(f"bench: error: --results {str(src)!r} {what}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if out.exists() and not out.is_dir():
         print(f"bench: error: --out {str(out)!r} is a file, not a directory", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     skipped = []
 
     def warn(msg):
@@ -54,18 +55,22 @@ def cmd_report(args) -> int:
 
     recs = usable_records(src, warn)
     if not recs:
-        from bench.commands.report import accuracy
+        from bench.commands.report import accuracy, tune
 
         if accuracy.records(src, lambda m: None):  # bench run --to-accuracy's records alone: their section
             return accuracy.report_alone(src, out, warn)
-        print(f"bench: error: no readable schema-{SCHEMA} records in {src}", file=sys.stderr)
-        return 1
+        if tune.latest(src, lambda m: None):  # bench tune's results alone: the backends at their best
+            return tune.report_alone(src, out, warn)
+        # nothing to report is "nothing to run" (docs/command-line.md, Exit codes), as a missing folder is bad input
+        print(f"bench: error: nothing to report: no readable schema-{SCHEMA} records, to-accuracy records or bench tune "
+              f"summary in {src}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     summary = summarise(recs)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         print(f"bench: error: cannot create --out {str(out)!r}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     md, console, verdicts = render(summary, out, src, skipped)
     write_atomic(out / "REPORT.md", md)
     page = out / "REPORT.html"
@@ -74,4 +79,4 @@ def cmd_report(args) -> int:
     csv[CSV_FIRST + [c for c in csv.columns if c not in CSV_FIRST]].to_csv(out / "summary.csv", index=False)
     print("\n".join(console) + f"\n\nreport: {(out / 'REPORT.md').resolve()}\nhtml:   {page.resolve()}")
     print("\n".join(["", "== Verdict"] + console_lines(verdicts, summary.to_dict("records"))))
-    return 0
+    return EXIT_OK

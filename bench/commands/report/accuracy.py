@@ -37,12 +37,13 @@ def records(src: Path, warn) -> list[dict]:
 
 
 def _fields(rec: dict) -> dict:
-    a = rec.get("accuracy_settings") or {}
     return {**{k: rec.get(k) for k in ("device_type", *workloads.FIELDS, "data", "precision", "backend", "world_size",
                                        "global_batch", "batch_per_device", "cudnn_benchmark", "loader", "decode",
                                        "nnodes")},
             "hardware": results.hardware(rec), "options": rec.get("options") or {},
-            "optimizer": workloads.of_record(rec).optimizer, "scaling": a.get("scaling")}
+            "optimizer": workloads.of_record(rec).optimizer,
+            # the rules this run stands for: one, or several that gave its batch the same rate ("linear = none")
+            "rules": _accuracy.rules_of(rec), "scaling": _accuracy.rules_label(_accuracy.rules_of(rec))}
 
 
 def configurations(recs: list[dict]) -> list[dict]:
@@ -92,7 +93,7 @@ def reference(block: list[dict]) -> dict | None:
     """The configuration whose epochs the prediction assumes: the smallest global batch, then world size, that reached
     the target (its epochs are what a throughput comparison takes for granted)."""
     done = [r for r in block if r["all_reached"]]
-    return min(done, key=lambda r: (r["global_batch"], r["world_size"], str(r["scaling"]) != "none",
+    return min(done, key=lambda r: (r["global_batch"], r["world_size"], "none" not in r["rules"],
                                     _order(r["backend"]))) if done else None
 
 
@@ -198,7 +199,9 @@ def section(src: Path, out: Path, warn) -> list[str]:
 
 def draw_curves(block: list[dict], stem: Path) -> bool:
     """Accuracy against wall clock (left) and against epoch (right), a row of the two per scaling rule: every run of
-    every configuration, one colour per backend and one line style per world size, the legend beside each row."""
+    every configuration (a run that stands for several rules in each of their rows), one colour and marker per backend
+    (report/style.py) and one line style per world size, the legend beside each row. Curves that coincide (single x1
+    and ddp x1 train the same model) are dodged sideways by a few pixels, so neither hides the other."""
     drawn = [r for r in block if r["ok"]]
     if not drawn:
         return False
@@ -208,26 +211,37 @@ def draw_curves(block: list[dict], stem: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rules = sorted({str(r["scaling"]) for r in drawn})
+    from bench.commands.report.style import EDGE, dodge, look
+
+    rules = sorted({rule for r in drawn for rule in r["rules"]})
     fig, grid = plt.subplots(len(rules), 3, figsize=(13, 0.6 + 3.6 * len(rules)), squeeze=False,
                              gridspec_kw={"width_ratios": [1, 1, 0.42]})
     axes = [(left, right) for left, right, _ in grid]
     for left, right, key in grid:
         right.sharey(left)
         key.axis("off")  # the legend's place: beside the data, never on it
-    # the ten strong colours of tab20 first, then their light pairs
-    colours = {b: plt.cm.tab20((2 * i) % 20 + (2 * i) // 20 % 2) for i, b in enumerate(sorted({label(r) for r in drawn}))}
+    extras: dict = {}
     styles = {n: s for n, s in zip(sorted({r["world_size"] for r in drawn}), ("-", "--", ":", "-."))}
     target = 100 * block[0]["target"]
     for (left, right), rule in zip(axes, rules):
-        for r in (r for r in drawn if str(r["scaling"]) == rule):
-            for j, rec in enumerate(r["ok"]):
-                curve = rec.get("curve") or []
-                y = [100 * c["accuracy"] for c in curve]
-                style = {"color": colours[label(r)], "ls": styles.get(r["world_size"], "-"), "marker": "o",
-                         "markersize": 3, "alpha": 0.9 if j == 0 else 0.4}
-                left.plot([c["wall_seconds"] for c in curve], y, label=name(r) if j == 0 else None, **style)
-                right.plot([c["epoch"] for c in curve], y, **style)
+        mine = [r for r in drawn if rule in r["rules"]]
+        for ax, x_of in ((left, lambda c: c["wall_seconds"]), (right, lambda c: c["epoch"])):
+            points = [((id(r), j, k), x_of(c), 100 * c["accuracy"]) for r in mine for j, rec in enumerate(r["ok"])
+                      for k, c in enumerate(rec.get("curve") or [])]
+            if points:
+                xs = [x for _, x, _ in points]
+                ax.set_xlim(min(xs) - 0.05 * (max(xs) - min(xs) or 1), max(xs) + 0.05 * (max(xs) - min(xs) or 1))
+                ax.set_ylim(0, 105)
+            moved = _dodge_curves(ax, points, dodge)
+            for r in mine:
+                colour, marker = look(r["backend"], extras)
+                for j, rec in enumerate(r["ok"]):
+                    curve = rec.get("curve") or []
+                    style = {"color": colour, "ls": styles.get(r["world_size"], "-"), "marker": marker,
+                             "markersize": 4, "markeredgecolor": EDGE, "markeredgewidth": 0.4,
+                             "alpha": 0.9 if j == 0 else 0.4}
+                    ax.plot([moved[(id(r), j, k)] for k in range(len(curve))], [100 * c["accuracy"] for c in curve],
+                            label=name(r) if j == 0 and ax is left else None, **style)
         for ax in (left, right):
             ax.axhline(target, ls="--", color="gray", lw=1)
             ax.grid(alpha=0.3)
@@ -238,11 +252,26 @@ def draw_curves(block: list[dict], stem: Path) -> bool:
                                           ncol=2 if len(labels) > 14 else 1)
     axes[0][0].set_title(f"accuracy vs wall clock (dashed: the {target:g}% target)", fontsize=10)
     axes[0][1].set_title("accuracy vs epoch", fontsize=10)
-    axes[-1][0].set_xlabel("wall clock from the first step (s), evaluation included")
+    axes[-1][0].set_xlabel("wall clock from the first step (s), evaluation included; coinciding points side by side")
     axes[-1][1].set_xlabel("epoch")
     fig.tight_layout()
     save_figure(fig, f"{stem}-curves", tight=True)
     return True
+
+
+def _dodge_curves(ax, points: list, dodge) -> dict:
+    """Each curve point's x, moved sideways where points of several curves fall on one place (the same x and, within a
+    marker, the same y): each place's points side by side, the others where they are."""
+    groups: dict[tuple, list] = {}
+    for key, x, y in points:
+        groups.setdefault((x, round(y, 1)), []).append((key, x, y))
+    out = {key: x for key, x, _ in points}
+    shared = [p for g in groups.values() if len(g) > 1 for p in g]
+    if shared:
+        ax.figure.canvas.draw()
+        for key, x in dodge(ax, [((k, y), x, y) for k, x, y in shared]).items():
+            out[key[0]] = x
+    return out
 
 
 def draw_epochs(block: list[dict], stem: Path) -> bool:
@@ -258,9 +287,9 @@ def draw_epochs(block: list[dict], stem: Path) -> bool:
 
     budget = block[0]["settings"].get("max_epochs")
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    for i, rule in enumerate(sorted({str(r["scaling"]) for r in block})):
+    for i, rule in enumerate(sorted({rule for r in block for rule in r["rules"]})):
         color = plt.cm.tab10(i % 10)
-        mine = [r for r in block if str(r["scaling"]) == rule and r["epochs"] is not None]
+        mine = [r for r in block if rule in r["rules"] and r["epochs"] is not None]
         xs = sorted({r["global_batch"] for r in mine})
         med = [statistics.median(min(r["epochs"], budget) for r in mine if r["global_batch"] == x) for x in xs]
         ax.plot(xs, med, "-", color=color, label=f"{rule} scaling (median over backends)")
@@ -288,12 +317,13 @@ def draw_epochs(block: list[dict], stem: Path) -> bool:
 # Verdicts
 
 def verdicts(src: Path, warn) -> list[dict]:
-    """One verdict per block, scaling rule, world size and global batch: the shape of report/verdict.py's."""
+    """One verdict per block, scaling rule (the rules one run stood for, as one: "linear = none"), world size and
+    global batch, whatever ran in it: the shape of report/verdict.py's."""
     rows = configurations(records(src, warn))
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(r["block"] + (str(r["scaling"]), r["world_size"], r["global_batch"]), []).append(r)
-    return [verdict(g) for g in groups.values() if any(r["ok"] for r in g)]
+    return [verdict(g) for g in groups.values()]  # every group, a failed one too: the verdict covers them all
 
 
 def verdict(group: list[dict]) -> dict:
@@ -320,7 +350,9 @@ def verdict(group: list[dict]) -> dict:
     disturbed = [r for r in group if r["disturbed"]]
     overlapping = [r for r in rest if r["time_range"][0] <= best["time_range"][1]]
     if not rest and not others:
-        v["headline"] = f"Only {name(best)} ran here: nothing to compare it with."
+        busy = " (⚠ disturbed)" if best["disturbed"] else ""
+        v["headline"] = f"Only {name(best)} ran here{busy}: nothing to compare it with."
+        v["short"] = f"Only {name(best)} ran{busy}: {evidence(best)}."
     elif disturbed:
         v["headline"] = (f"No winner established: runs of {', '.join(name(r) for r in disturbed)} were disturbed (other "
                          f"processes used the machine while they trained); fastest to {target} by the medians: "

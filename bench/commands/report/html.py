@@ -93,10 +93,21 @@ def plot(alt: str, src: str, out: Path) -> str:
             f'src="data:image/svg+xml;base64,{data}">')
 
 
+def anchor(heading: str, taken: set) -> str:
+    """GitHub's anchor of a Markdown heading (lower case, punctuation dropped, spaces to hyphens; -1, -2 for repeats)."""
+    base = re.sub(r"[^\w\- ]", "", re.sub(r"`|\*", "", heading).lower()).replace(" ", "-")
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}-{k}"
+    taken.add(name)
+    return name
+
+
 def convert(md: str, out: Path) -> str:
     """The report's Markdown subset to HTML; each ``##`` section becomes a <section> with an id."""
     parts, lines, i = [], md.split("\n"), 0
-    sections = 0
+    sections, ids = 0, set()
     while i < len(lines):
         line = lines[i]
         if not line.strip():
@@ -108,7 +119,9 @@ def convert(md: str, out: Path) -> str:
                 sections += 1
                 sid = "verdict" if m[2] == "Verdict" else "s-" + re.sub(r"[^a-z0-9]+", "-", m[2].lower()).strip("-")
                 parts.append(f'<section id="{sid}">')
-            parts.append(f"<h{level}>{inline(m[2])}</h{level}>")
+            # an h3 gets the id GitHub gives the heading in REPORT.md, so one link works in both
+            hid = f' id="{anchor(m[2], ids)}"' if level == 3 else ""
+            parts.append(f"<h{level}{hid}>{inline(m[2])}</h{level}>")
             i += 1
         elif line.startswith("|"):
             j = i

@@ -107,7 +107,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                      key=lambda x: str(x[0]["run_id"]))
         bad_rows = [[r["backend"], r["world_size"], f"{workload_title(r)} b{r['batch_per_device']}",
                      r["precision"], rec["status"], rec["reason"], rec["run_id"]] for rec, r in bad]
-        md += ["### Skipped and failed runs", "", md_table(["backend", unit, "workload", "precision", "status",
+        md += [f"### {verdict.SKIPPED_SECTION}", "", md_table(["backend", unit, "workload", "precision", "status",
                                                                "reason", "run"], bad_rows, {1}) if bad else "None.", ""]
     md += tune.section(best) + settings_section(rows) + overhead_section(src, warn) + timeline_section(rows, out)
     md += input_bound_section(src, rows, warn) + headroom_section(src, rows, warn) \

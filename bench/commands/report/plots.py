@@ -1,5 +1,9 @@
 """Plots: one figure per kind per workload, PNG (dpi 120, for the README) and SVG.
 
+Every backend has one colour and one marker, the same in every plot (report/style.py: a fixed colour-blind-safe
+palette); the world sizes sit on a log2 axis, evenly spaced, and the points of one world size are dodged side by side,
+never stacked; a warning is a black ring, a mark no backend uses.
+
 Legends stand outside the axes (``common.legend_outside``, under the constrained layout) and no label is written
 among the data, so nothing covers a point or a bar (tests/test_plot_overlap.py measures it). A figure derived from a
 disturbed or impossible input (report/caution.py ``withheld``) is not drawn; the panel's title says how many were left
@@ -9,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label, legend_outside, rate, save_figure, withheld
+from bench.commands.report.style import WARNING, dodge, series_styles
 from bench.commands.report.summary import device_memory
 from bench.core.trust import SAME_COMPUTATION
 
@@ -25,7 +30,7 @@ def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str
     series: dict[str, list[dict]] = {}
     for r in ok:
         series.setdefault(label(r) + (f" {r['precision']}" if multi_precision else ""), []).append(r)
-    color = {name: plt.cm.tab10(i % 10) for i, name in enumerate(series)}
+    color = series_styles(series)  # per series: its backend's colour and marker (report/style.py)
     files = []
     for kind, draw in (("throughput", _plot_throughput), ("efficiency", _plot_efficiency),
                        ("memory", _plot_memory), ("step-time", _plot_step_time)):
@@ -37,35 +42,48 @@ def plot_workload(ok: list[dict], stem: Path, title: str, unit: str, device: str
 
 
 def _world_size_axis(ax, rows, unit):
+    """World sizes on a log2 axis (1, 2, 4, 8 evenly spaced), a tick at each one measured."""
     sizes = sorted({r["world_size"] for r in rows})
-    ax.set_xticks(sizes)
-    ax.set_xlim(0.5, sizes[-1] + 0.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
+    ax.set_xlim(sizes[0] / 1.6, sizes[-1] * 1.6)
     ax.set_xlabel(f"{unit} (world size)")
     ax.grid(alpha=0.3)
 
 
+def _dodged(ax, series, value) -> dict:
+    """Each row's x, its world size moved sideways so the points of one world size sit side by side (style.dodge)."""
+    return dodge(ax, [(id(r), r["world_size"], value(r)) for rs in series.values() for r in rs if value(r) is not None])
+
+
 def _plot_throughput(plt, ok, series, color, unit, device):
     fig, ax = plt.subplots(figsize=(10, 4.8), layout="constrained")
+    _world_size_axis(ax, ok, unit)
+    ax.set_ylabel(f"global throughput ({rate(ok[0])})")
+    # the y range before the points are placed (dodging reads the settled layout): the intervals and the ideal line
+    top = max(r["world_size"] for r in ok)
+    highs = [r["global_img_s"] if r["ci95_high_img_s"] is None else r["ci95_high_img_s"] for r in ok]
+    ones = [r["global_img_s"] for r in ok if r["world_size"] == 1]
+    ax.set_ylim(0, 1.08 * max(highs + [top * max(ones)] if ones else highs))
+    x = _dodged(ax, series, lambda r: r["global_img_s"])
     for name, rs in series.items():
         y = [r["global_img_s"] for r in rs]
         err = [[r["global_img_s"] - r["ci95_low_img_s"] for r in rs],
                [r["ci95_high_img_s"] - r["global_img_s"] for r in rs]]
-        ax.errorbar([r["world_size"] for r in rs], y, yerr=err, marker="o", capsize=4, color=color[name], label=name)
-    _ring(ax, [(r["world_size"], r["global_img_s"]) for r in ok if flagged(r, "throughput", "cv")])
+        ax.errorbar([x[id(r)] for r in rs], y, yerr=err, capsize=3, label=name, **color[name])
+    _ring(ax, [(x[id(r)], r["global_img_s"]) for r in ok if flagged(r, "throughput", "cv")])
     # ideal linear scaling from single@1 (one line per precision); without it, from the best world-size-1 run; none
     # from a disturbed run (its throughput says how busy the machine was)
-    top = max(r["world_size"] for r in ok)
     base = [r for r in ok if r["backend"] == BASELINE and r["world_size"] == 1]
     base = base or sorted((r for r in ok if r["world_size"] == 1), key=lambda r: -r["global_img_s"])[:1]
     for b in base:
         if not b.get("runs_disturbed"):
-            ax.plot([1, top], [b["global_img_s"], top * b["global_img_s"]], "--", color="gray",
+            xs = sorted({1, *(r["world_size"] for r in ok)})  # N x single@1 at each world size measured
+            ax.plot(xs, [n * b["global_img_s"] for n in xs], "--", color="gray",
                     label=f"ideal linear: N × {label(b)}@1 {b['precision']}")
     if any(b.get("runs_disturbed") for b in base):
         ax.set_title("no ideal line from a disturbed baseline", fontsize=8, color="dimgray")
-    _world_size_axis(ax, ok, unit)
-    ax.set_ylabel(f"global throughput ({rate(ok[0])})")
-    ax.set_ylim(bottom=0)
     legend_outside(fig, [ax])
     return fig, f"Throughput vs {unit}: median and 95% interval"
 
@@ -84,28 +102,31 @@ def _plot_efficiency(plt, ok, series, color, unit, device):
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2.5, 4.8), sharey=True, squeeze=False,
                              layout="constrained")
     for ax, (col, what, field, drawn, left_out) in zip(axes[0], panels):
-        ids = {id(r) for r in drawn}
-        for name, rs in series.items():
-            pts = [(r["world_size"], r[col]) for r in rs if id(r) in ids]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", color=color[name], label=name)
-        _ring(ax, [(r["world_size"], r[col]) for r in drawn
-                   if flagged(r, field, "throughput", kinds=(SAME_COMPUTATION,))])
-        ax.axhline(100, ls="--", color="gray", label="ideal (100 %)")
         note = (f"\n{len(left_out)} not drawn: {', '.join(sorted({str(withheld(r, field)) for r in left_out}))}" if left_out
                 else "" if drawn else "\nno such baseline in these records")
         _world_size_axis(ax, ok, unit)
         ax.set_title(what + note, fontsize=9)
     axes[0][0].set_ylabel("scaling efficiency (%)")
-    axes[0][0].set_ylim(bottom=0)
+    axes[0][0].set_ylim(0, 1.08 * max([110.0] + [r[col] for (col, _, _, drawn, _) in panels for r in drawn]))
+    for ax, (col, what, field, drawn, left_out) in zip(axes[0], panels):
+        ids = {id(r) for r in drawn}
+        x = _dodged(ax, {name: [r for r in rs if id(r) in ids] for name, rs in series.items()}, lambda r: r[col])
+        for name, rs in series.items():
+            pts = [(x[id(r)], r[col]) for r in rs if id(r) in ids]
+            if pts:
+                ax.plot(*zip(*pts), label=name, **color[name])
+        _ring(ax, [(x[id(r)], r[col]) for r in drawn if flagged(r, field, "throughput", kinds=(SAME_COMPUTATION,))])
+        ax.axhline(100, ls="--", color="gray", label="ideal (100 %)")
     legend_outside(fig, axes[0])
     return fig, "Scaling efficiency: thr(N) / (N × thr(baseline, 1))"
 
 
 def _ring(ax, points) -> None:
-    """A red ring around each point a warning is about (report/caution.py), with a legend entry saying so."""
+    """A black ring around each point a warning is about (report/caution.py), with a legend entry saying so: a mark no
+    backend uses (report/style.py, WARNING)."""
     if points:
-        ax.scatter(*zip(*points), s=180, facecolors="none", edgecolors="red", linewidths=1.6, zorder=4,
+        ax.scatter(*zip(*points), s=WARNING["size"], marker=WARNING["marker"], facecolors="none",
+                   edgecolors=WARNING["color"], linewidths=WARNING["linewidth"], zorder=4,
                    label=f"{MARK.strip()} not to be believed as it stands (see Warnings)")
 
 
@@ -161,7 +182,7 @@ def _plot_step_time(plt, ok, series, color, unit, device):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    color_of = {id(r): color[name] for name, rs in series.items() for r in rs}
+    color_of = {id(r): color[name]["color"] for name, rs in series.items() for r in rs}
     fig, panels = _panels(plt, ok, series, unit)
     for ax, group in panels:
         data = [[1000 * t / rec["steps_per_window"] for rec in r["_recs"] if rec["status"] == "ok"

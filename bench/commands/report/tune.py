@@ -30,17 +30,19 @@ def section(doc: dict | None) -> list[str]:
     rows = []
     for s in doc["backends"]:
         d, b = s.get("default"), s.get("best")
+        note = f" ⚠ {s['disturbed_trials']} disturbed" if s.get("disturbed_trials") else ""
         rows.append([s["backend"], s["world_size"], _thr(d), _thr(b),
                      f"{b['median'] / d['median']:.2f}×" if b and d and d.get("median") else None,
                      tune.describe(b["settings"]) if b else f"{s['status']}: {s.get('reason')}",
-                     len(s.get("trials") or []), f"`{s['command']}`" if s.get("command") else None])
+                     f"{len(s.get('trials') or [])}{note}", f"`{s['command']}`" if s.get("command") else None])
     w = doc.get("workload") or {}
     what = ", ".join(f"{k} {w[k]}" for k in ("model", "image_size", "seq_len", "precision") if w.get(k))
     return ["## At their best (bench tune)", "",
             f"From `{doc['_path']}` ({doc['hardware']}, {doc['device_type']}, {what}; budget {doc['budget_s']:g} s, "
             f"{doc['spent_s']:.0f} s spent): each backend searched from the shared defaults, one setting at a time "
             "(batch, channels_last, cuDNN benchmark, its own knobs, --compile); a candidate replaced the incumbent only "
-            "when its 95% interval lay above the incumbent's. The command reproduces the best.", "",
+            "when its 95% interval lay above the incumbent's and neither run was disturbed (⚠: trials another process "
+            "disturbed, which decided nothing). The command reproduces the best.", "",
             md_table(["backend", "world size", "at the shared defaults", "at its best", "best / defaults",
                       "best settings", "trials", "bench run"], rows, {1, 4, 6}), ""]
 
@@ -54,13 +56,58 @@ def verdicts(doc: dict | None) -> list[dict]:
     at_default = sorted([s for s in ok if s["default"].get("median")], key=lambda s: -s["default"]["median"])
     top, unit = at_best[0], at_best[0]["best"].get("unit", "/s")
     tied = [s["backend"] for s in at_best[1:] if s["best"]["ci95"][1] >= top["best"]["ci95"][0]]
+    # a best or a starting point another process disturbed decides nothing (bench tune exits 3 on them)
+    disturbed = [s["backend"] for s in ok if s["best"].get("disturbed") or (s.get("default") or {}).get("disturbed")]
     head = (f"At their best (bench tune): {top['backend']} is fastest, {top['best']['median']:,.1f} {unit} with "
             f"{tune.describe(top['best']['settings'])}"
             + (f" (its interval overlaps {', '.join(tied)}: not established)" if tied else "")
+            + (f" (trials of {', '.join(disturbed)} were disturbed: not established; bench tune again on a quiet "
+               "machine)" if disturbed and not tied else "")
             + (f"; at the shared defaults {at_default[0]['backend']} was, {at_default[0]['default']['median']:,.1f} "
                f"{unit}." if at_default else "."))
     short = (f"{top['backend']} is fastest at its best ({top['best']['median']:,.1f} {unit})"
-             + (f", within noise of {', '.join(tied)}." if tied else ".")) if len(ok) > 1 else None
+             + (f", within noise of {', '.join(tied)}." if tied else
+                f", but trials of {', '.join(disturbed)} were disturbed: no winner established." if disturbed else "."))\
+        if len(ok) > 1 else None
     return [{"title": f"{doc['hardware']}, {doc['device_type']}: the backends at their best (bench tune)",
-             "hardware": doc["hardware"], "established": not tied and len(ok) > 1, "best": top["backend"],
+             "hardware": doc["hardware"], "established": not tied and not disturbed and len(ok) > 1,
+             "best": top["backend"],
              "headline": head, "short": short, "evidence": [], "alternatives": [], "warnings": []}]
+
+
+def report_alone(src: Path, out: Path, warn) -> int:
+    """``bench report`` on the results of ``bench tune`` alone (RESULTS/tune, no sweep's records): REPORT.md and
+    REPORT.html with the verdict line and the "At their best" section, the trials' records as its runs, the verdict
+    printed last."""
+    import datetime as dt
+    import sys
+
+    from bench.commands.report import html, verdict
+    from bench.commands.report.common import write_atomic
+    from bench.core import results
+    from bench.core.errors import EXIT_BAD_INPUT, EXIT_OK
+
+    doc = latest(src, warn)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"bench: error: cannot create --out {str(out)!r}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    raw = Path(src) / "tune" / "raw"
+    trials = results.load(raw, warn=warn) if raw.is_dir() else []
+    vs = verdicts(doc)
+    md = ["# Parallel backend comparison", "",
+          f"The `bench tune` summary `{doc['_path']}` and {len(trials)} trial record(s) from `{raw}`, no sweep's "
+          f"records; generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.", ""]
+    if vs:
+        md += ["## Verdict", ""] + [f"**{v['headline']}**" for v in vs] + [""]
+    md += section(doc)
+    text = "\n".join(md)
+    write_atomic(out / "REPORT.md", text)
+    page = out / "REPORT.html"
+    write_atomic(page, html.page(text, [{"_recs": trials}], raw, out))
+    print(f"report: {(out / 'REPORT.md').resolve()}\nhtml:   {page.resolve()}")
+    print("\n".join(["", "== Verdict"] + (verdict.console_lines(vs, []) or
+                                           [f"{s['backend']} x{s['world_size']}: {s['status']}"
+                                            for s in doc["backends"]])))
+    return EXIT_OK

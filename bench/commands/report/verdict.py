@@ -194,7 +194,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
                              f"{', '.join(label(r) for r in disturbed)} {'were' if runs > 1 else 'was'} disturbed "
                              "(other processes used the machine while they were timed), so "
                              f"{'their' if runs > 1 else 'its'} figures are not to be believed; fastest by the "
-                             f"medians: {label(best)}. Re-run on a quiet machine (`bench run --wait-quiet`).")
+                             f"medians: {label(best)}. Re-run on a quiet machine (`bench run --wait-quiet-s`).")
             v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
         elif unlike:
             v["headline"] = (f"No like-for-like winner: the fastest, {label(best)}, computes {numerics_diff(best, unlike[0])} "
@@ -246,13 +246,14 @@ CPU_LINE = ("CPU worker processes over gloo: this says which backend is fastest 
 NOT_MEASURED_CHARS = 100  # a failure's reason on the first screen; the whole of it is in REPORT.md
 
 
-def first_screen(vs: list[dict], rows: list[dict]) -> list[tuple[str, list[str]]]:
+def first_screen(vs: list[dict], rows: list[dict], page: bool = False) -> list[tuple[str, list[str]]]:
     """What a user reads first, as blocks of (heading, lines), in this order; a block with nothing to say is left
-    out. A new block is one more line here."""
+    out. A new block is one more line here. ``page``: for REPORT.md and REPORT.html, whose references to their own
+    sections are links (the console names the section in REPORT.md)."""
     hardware = list(dict.fromkeys(v["hardware"] for v in vs))
     blocks = [(f"On {hardware[0]}" if len(hardware) == 1 else "By hardware", headlines(vs, len(hardware) == 1)),
               ("", [CPU_LINE] if any(r["device_type"] == "cpu" and r["runs_ok"] for r in rows) else []),
-              ("Not measured", not_measured(rows)),
+              ("Not measured", not_measured(rows, page)),
               ("Warnings, one line per kind (each configuration's are under its workload's tables in REPORT.md)",
                caution.kinds(rows))]
     return [(heading, lines) for heading, lines in blocks if lines]
@@ -269,8 +270,13 @@ def headlines(vs: list[dict], one_hardware: bool) -> list[str]:
     return lines
 
 
-def not_measured(rows: list[dict]) -> list[str]:
-    """One line per configuration with a failed run (its first reason, cut), then one naming the skipped ones."""
+SKIPPED_SECTION = "Skipped and failed runs"  # markdown.py's heading (###) over the table of every run not measured
+SKIPPED_ANCHOR = "skipped-and-failed-runs"  # its id in REPORT.html (html.py) and its anchor in REPORT.md (GitHub's)
+
+
+def not_measured(rows: list[dict], page: bool = False) -> list[str]:
+    """One line per configuration with a failed run (its first reason, cut), then one naming the skipped ones, which
+    points to the section that says why: a link on the page itself, the file and section on the console."""
     lines = []
     for r in sort_rows(rows):
         failed = [rec for rec in r["_recs"] if rec["status"] == "failed"]
@@ -283,7 +289,8 @@ def not_measured(rows: list[dict]) -> list[str]:
             lines.append(f"{label(r)} ×{r['world_size']} ({workload_title(r)}){runs} failed: {why}")
     skipped = [f"{label(r)} ×{r['world_size']}" for r in sort_rows(rows) if r["status"] == "skipped"]
     if skipped:
-        lines.append(f"skipped here: {', '.join(dict.fromkeys(skipped))} (why: REPORT.md, Skipped and failed runs)")
+        where = f"[{SKIPPED_SECTION}](#{SKIPPED_ANCHOR})" if page else f"REPORT.md, {SKIPPED_SECTION}"
+        lines.append(f"skipped here: {', '.join(dict.fromkeys(skipped))} (why: {where})")
     return lines
 
 
@@ -300,7 +307,7 @@ def markdown(vs: list[dict], rows: list[dict]) -> list[str]:
     if not vs:
         return []
     md = ["## Verdict", ""]
-    for heading, body in first_screen(vs, rows):  # a block without a heading is a caveat: a quote
+    for heading, body in first_screen(vs, rows, page=True):  # a block without a heading is a caveat: a quote
         md += [f"**{heading}:**", ""] + [f"- {x}" for x in body] + [""] if heading else [f"> {x}" for x in body] + [""]
     md += ["The evidence for each verdict and what every alternative costs: *Verdict in detail*, below.", "",
            "## Verdict in detail", "",

@@ -25,9 +25,9 @@ DALI_DEFAULT = "nvidia-dali-cuda130"  # what pyproject.toml installs on Linux x8
 def check(loader: str, decode: str, device_type: str) -> None:
     """Bad input, before anything runs: one line naming the value and the choices."""
     if loader not in LOADERS:
-        raise UsageError(f"unknown loader {loader!r}; choose from {', '.join(LOADERS)}")
+        raise UsageError(f"--loader {loader!r}: unknown loader; choose from {', '.join(LOADERS)}")
     if decode not in DECODES:
-        raise UsageError(f"unknown decode {decode!r}; choose from {', '.join(DECODES)}")
+        raise UsageError(f"--decode {decode!r}: unknown decode; choose from {', '.join(DECODES)}")
     if decode == "gpu" and device_type != "cuda":
         raise UsageError(f"--decode gpu decodes on a CUDA device (nvJPEG); this run is on {device_type}: "
                           f"use --decode cpu")
