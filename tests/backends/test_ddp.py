@@ -88,7 +88,8 @@ def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason(resu
     assert recs["fsdp2"]["status"] == "skipped"
     assert recs["fsdp2"]["reason"] == ("fsdp2 cannot honour --ddp-bucket-mb, --ddp-comm-hook, "
                                        "--ddp-grad-as-bucket-view, --ddp-static-graph (it honours: "
-                                       "--activation-checkpointing, --channels-last, --compile, --fsdp-reshard)")
+                                       "--activation-checkpointing, --channels-last, --compile, --fsdp-mp, --fsdp-reshard, "
+                                       "--optimizer-impl)")
 
 
 @pytest.mark.slow
