@@ -73,7 +73,29 @@ def test_the_plan_s_count_and_estimate():
     x = next(x for x in plan if x.name == "ddp-bf16")
     assert x.shell() == ("BENCH_FAULT=bloat@rank0:step3 python -m bench run --backends ddp --gpus 1 --device cuda "
                          "--model resnet18 --image-size 64 --batch-size 16 --warmup 3 --steps 3 --windows 3 "
-                         "--precision bf16 --results results/doctor/alone")
+                         "--precision bf16 --skip-peak --results results/doctor/alone")
+    assert all(x.argv[-1] == "--skip-peak" for x in plan if x.argv[0] == "run")  # they share the GPU
+
+
+def test_skip_peak_asks_the_ranks_for_no_peak(monkeypatch, tmp_path, capsys):
+    from bench import launch
+
+    from bench.core import results
+
+    specs = []
+
+    def run_one(cfg, results_dir, env_meta, backend, extra_spec=None, **kw):
+        specs.append(extra_spec)
+        return {**results.skeleton(cfg.to_dict(), "x", env_meta), "status": "skipped", "reason": "not run here"}
+
+    monkeypatch.setattr(launch, "run_one", run_one)
+    for skip in (True, False):
+        bench_inproc("run", "--backends", "single", "--device", "cpu", "--gpus", "1", *(["--skip-peak"] * skip),
+                     "--results", tmp_path / str(skip))
+    assert specs[0]["peak"] is None and specs[1]["peak"]["cache"]
+    code, err = cli_error(capsys, "run", "--skip-peak", "--refresh-peak")
+    assert (code, err) == (2, "bench: error: --skip-peak measures no matmul peak and --refresh-peak measures it "
+                              "again: give one\n")
 
 
 @pytest.mark.slow

@@ -68,6 +68,9 @@ RUN_FLAGS: list[tuple[str | None, list[tuple[str, dict]]]] = [
         ("--refresh-peak", {"action": "store_true", "help": "measure the device's matmul peak again (it is measured "
                                                             "once, by the first run that finds no cache entry, and "
                                                             "reused: bench peak)"}),
+        ("--skip-peak", {"action": "store_true", "help": "neither measure nor read the matmul peak: MFU against the "
+                                                         "datasheet only (bench doctor's launches, which share a GPU, "
+                                                         "where a measured peak would read low)"}),
     ]),
     ("data", [
         ("--data", {"default": "synthetic", "help": "synthetic (a fixed batch on the device) | imagenet | learnable "

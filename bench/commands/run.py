@@ -58,6 +58,8 @@ def cmd_run(args) -> int:
     if args.find_max_model and (args.find_max_batch or trace):
         raise UsageError(f"--find-max-model runs no timed run{': it cannot go with --trace' if trace else ''}"
                          f"{'; search one thing at a time: --find-max-model or --find-max-batch' if args.find_max_batch else ''}")
+    if getattr(args, "skip_peak", False) and args.refresh_peak:
+        raise UsageError("--skip-peak measures no matmul peak and --refresh-peak measures it again: give one")
     _accuracy.check_flags(args)  # --to-accuracy's flags and --data learnable only with it; its own defaults
     if args.reference:
         why = ("--external runs one rank of another engine" if args.external else
@@ -104,7 +106,8 @@ def cmd_run(args) -> int:
     runnable = lambda c: not skip_reason(c)  # noqa: E731
     items = reference.plan(configs, runnable) if args.reference else [(reference.RUN, c) for c in configs]
     # The first run that finds no cached matmul peak for its device and precision mode measures it (bench/rank/peak.py)
-    measured_peak = {"cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
+    measured_peak = None if getattr(args, "skip_peak", False) else {
+        "cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
     # Ctrl-C and SIGTERM end the sweep, whatever this process inherited: a shell script's background job starts with
     # SIGINT ignored, and Python then never installs its KeyboardInterrupt handler, so a `kill -INT` was lost.
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)

@@ -250,7 +250,8 @@ def cmd_tune(args) -> int:
     check_writable(raw)
     env_meta = environment.collect_env(backends.environment(c.backend for c in todo))
     # the records are a sweep's: the same writer, the machine watched, the measured peak as bench run asks for it
-    measured_peak = {"cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
+    measured_peak = None if getattr(args, "skip_peak", False) else {
+        "cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
     summaries, first, slowest, peak_warned = [], None, None, set()
     stamp = results.new_run_id("tune", max(c.world_size for c in todo)).split("-tune")[0]
     deadline = start + args.budget_s
