@@ -26,9 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 SEAM = ("bench/core/cuda.py", "bench/core/nvml.py")
 GPU_WORDS = re.compile(r"\bcuda\b|\bnccl\b|nvml|is_available", re.IGNORECASE)  # not "gpus": --gpus counts ranks
 DEVICE_CALL = re.compile(r"\b(cuda|nvml)\.[a-z_]+\(|torch\.cuda\.")
-# a line that is one device library call and nothing else: `cuda.synchronize(d)`, `x = torch.cuda.max_memory_allocated()`
-LIBRARY_CALL = re.compile(r"^\s*(return\s+|[\w.\[\]\"', ]+\s*=\s*)?(torch\.cuda|torch\.backends\.cud\w+|cuda|nvml)\.[\w.]+"
-                          r"(\(.*\))?\s*(#.*)?$")
+# a line that is one library call or switch and nothing else: `cuda.synchronize(d)`, `x = torch.cuda.max_memory_allocated()`,
+# `dist.init_process_group("nccl", ...)`, `torch.backends.cudnn.benchmark = flag`
+LIBRARY_CALL = re.compile(r"^\s*((return\s+|[\w.\[\]\"', ]+\s*=\s*)?(torch\.cuda|torch\.backends\.cud\w+|cuda|nvml|dist)\.[\w.]+"
+                          r"(\(.*\))?|torch\.backends\.[\w.]+\s*=\s*.+)\s*(#.*)?$")
 
 
 def gpu_guarded_lines(source: str) -> set[int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.core import cuda, environment
+from bench.core import cuda, environment, nvml
 from bench.launch import machine
 from tests.conftest import REPO, bench_inproc, records
 from tests.fake_gpu import FakeGpu, FakeGpuMachine, NVMLError_GpuIsLost
@@ -314,6 +314,13 @@ def test_the_gpu_only_lines_are_the_cuda_branches_and_the_seam():
         "        return []\n"                         # 6
         "    return x\n")                             # 7  GPU-only: 'or' left for every CPU run
     assert tool.classify("bench/y.py", guards, set(range(1, 8)))["logic"] == [7]
+    switches = ("def h(cfg, device):\n"
+                "    if cfg.device_type == 'cuda':\n"
+                "        torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)\n"   # 3 a library switch
+                "        dist.init_process_group('nccl', device_id=device)\n"         # 4 a library call
+                "        return torch.device('cuda', 0)\n")                            # 5 logic
+    got = tool.classify("bench/twins/z.py", switches, {3, 4, 5})
+    assert (got["call"], got["logic"]) == ([3, 4], [5])
 
 
 @pytest.mark.slow
@@ -358,3 +365,94 @@ def test_each_launcher_s_command_and_environment_on_a_cuda_machine(monkeypatch, 
         if name == "ddp_spawn":
             assert [cmd[-1] for cmd, _ in calls] == ["1", "2"]  # --spawn N
     assert {r["status"] for r in records(tmp_path / "raw")} == {"failed"}
+
+
+# -- the rest of the GPU branches, on the fake machine (make coverage listed them as GPU-only) ----------------------
+
+def test_a_collectives_rank_takes_its_gpu_and_half_its_free_memory(monkeypatch):
+    from bench.core.config import RunConfig
+    from bench.rank import collectives
+
+    GiB = 2 ** 30
+    fake = FakeGpuMachine([FakeGpu(memory_bytes=80 * GiB, used_bytes=2 * GiB), FakeGpu()]).install(monkeypatch)
+    cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=2, device_type="cuda", model="resnet18",
+                    image_size=32, batch_size=2, warmup=2, steps=1, windows=1).validate()
+    assert collectives._device(cfg, 1) == torch.device("cuda", 1) and fake.called("set_device") == [(1,)]
+    assert collectives._free_bytes(torch.device("cuda", 0)) == 39 * GiB  # half of what NVML's machine has free
+
+
+def test_a_traced_cuda_rank_asks_the_profiler_for_cuda_activity(monkeypatch, tmp_path):
+    import torch.profiler
+
+    from bench.rank import trace
+
+    FakeGpuMachine().install(monkeypatch)
+    asked, real = [], torch.profiler.profile
+
+    def profile(activities, **kw):
+        asked.append(list(activities))
+        return real(activities=[torch.profiler.ProfilerActivity.CPU], **kw)  # no CUDA here to record
+
+    class Rank:
+        rank, phase_marker = 0, None
+
+        def devices(self):
+            return [torch.device("cuda", 0)]
+
+        def train(self, steps):
+            torch.ones(8).sum()
+
+    monkeypatch.setattr(torch.profiler, "profile", profile)
+    got = trace.capture(Rank(), 1, lambda: None, tmp_path / "t.trace.json.gz")
+    assert asked == [[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]]
+    assert got["steps"] == 1 and got["file"] and got["gpu"] is None  # no kernels recorded: no GPU analysis
+
+
+def test_bench_loader_refuses_more_ranks_than_gpus(monkeypatch, capsys, tmp_path):
+    from tests.conftest import cli_error
+
+    FakeGpuMachine().install(monkeypatch)
+    code, err = cli_error(capsys, "loader", "--data-dir", tmp_path, "--gpus", "3")
+    assert (code, err) == (2, "bench: error: --gpus 3: this machine has 2 CUDA device(s)\n")
+
+
+def test_the_seam_s_own_lines_that_a_cpu_can_run_run_for_real(monkeypatch):
+    """Not the fake: torch's CUDA_VISIBLE_DEVICES mapping (by index; no driver needed), the TF32 and cuDNN switches,
+    and the fallback when torch cannot map a device."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert cuda.nvml_index(0) == 3 and cuda.nvml_index(torch.device("cuda", 1)) == 1
+    monkeypatch.delattr(torch.cuda, "_get_nvml_device_index")
+    with pytest.raises(RuntimeError, match=r"has no torch\.cuda\._get_nvml_device_index"):
+        cuda.nvml_index(0)
+    monkeypatch.setattr(cuda, "count", lambda: 2)
+    assert environment.visible_nvml_indices(4) == [0, 1, 2, 3]  # unmapped: NVML's own order, all of them
+    was = torch.backends.cuda.matmul.allow_tf32
+    try:
+        assert cuda.set_matmul_tf32(not was) is was and torch.backends.cuda.matmul.allow_tf32 is (not was)
+        assert cuda.tf32()["matmul"] is (not was)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+    bench_was, det_was = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    try:
+        cuda.set_cudnn(benchmark=True, deterministic=True)
+        assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == (True, True)
+        cuda.set_cudnn(False)
+        assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == (False, True)
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = bench_was, det_was
+
+
+def test_the_seam_s_error_paths_say_why(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (_ for _ in ()).throw(RuntimeError("no NCCL bindings")))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert cuda.versions()["nccl"] is None and cuda.versions()["cuda"] == "13.0"
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed: the import fails
+    with pytest.raises(nvml.Unavailable, match=r"^NVML unavailable: nvidia-ml-py is not installed"):
+        nvml.open()
+    fake = FakeGpuMachine(nvml="nvmlShutdown").install(monkeypatch)
+    with nvml.open() as n:
+        assert n.count() == 2
+    assert fake.inits == 1  # its shutdown refused, and nothing raised: an NVML going away has nothing to release

@@ -599,3 +599,18 @@ def test_a_gpt_on_a_gpu_defaults_to_8_sequences_per_device_and_a_resnet_to_64(mo
     [cfg], _ = _plan.plan(_plan.parse_run(["--backends", "single", "--device", "cpu", "--gpus", "1", "--model",
                                            "gpt-micro"]))
     assert cfg.batch_size == 8
+
+
+def test_the_memory_and_nvml_checks_say_what_failed():
+    rec = ok_record("ddp")
+    assert doctor.memory_check(rec) == ("ok", None) and doctor.nvml_check(rec) == ("ok", None)
+    assert doctor.nvml_check({**rec, "machine": {"nvml": "NVML unavailable: NVMLError_LibraryNotFound: x"}}) == (
+        "failed", "machine watch: NVML unavailable: NVMLError_LibraryNotFound: x")
+    assert doctor.nvml_check({**rec, "machine": {"nvml": "ok", "gpus": []}}) == (
+        "failed", "the machine watch found no GPU")
+    unread = {**rec["memory"][0], "nvml_used_bytes": None, "nvml_used_reason": "NVML memory info: Not Supported"}
+    assert doctor.nvml_check({**rec, "memory": [unread]}) == ("failed", "NVML used memory: NVML memory info: Not Supported")
+    assert doctor.memory_check({**rec, "memory": []}) == ("failed", "no memory figures in the record")
+    low = {**rec["memory"][0], "peak_reserved_bytes": 1}
+    assert doctor.memory_check({**rec, "memory": [low]})[0] == "failed"
+    assert doctor.memory_check({"status": "failed"}) == doctor.nvml_check(None) == ("—", None)
