@@ -69,7 +69,7 @@ def test_the_plan_s_count_and_estimate():
     trees = sum(x.trees for x in plan)
     assert gpu_plan.estimate_seconds(plan, 4) == pytest.approx(gpu_plan.SECONDS_PER_TREE * trees / 4)
     assert gpu_plan.estimate_seconds(plan, 1) == pytest.approx(gpu_plan.SECONDS_PER_TREE * trees)
-    assert [gpu_plan.default_jobs(c) for c in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
+    assert [gpu_plan.default_jobs(c) for c in (1, 2, 4, 8, 16, 32, 64)] == [1, 1, 1, 2, 4, 8, 8]
     x = next(x for x in plan if x.name == "ddp-bf16")
     assert x.shell() == ("BENCH_FAULT=bloat@rank0:step3 python -m bench run --backends ddp --gpus 1 --device cuda "
                          "--model resnet18 --image-size 64 --batch-size 16 --warmup 3 --steps 3 --windows 3 "

@@ -181,8 +181,8 @@ def estimate_seconds(plan: list[Launch], jobs: int) -> float:
 
 
 def default_jobs(cpus: int) -> int:
-    """Launches at once: one per 4 cores (a launch's start is CPU work: imports, CUDA and NCCL set-up), 1 to 4."""
-    return max(1, min(4, cpus // 4))
+    """Launches at once: one per 4 cores (a launch's start is CPU work: imports, CUDA and NCCL set-up), 1 to 8."""
+    return max(1, min(8, cpus // 4))
 
 
 def timeout_for(launch: Launch) -> float:

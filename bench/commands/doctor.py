@@ -58,7 +58,7 @@ def register(sub) -> None:
     d.add_argument("--backends", default="all", help="comma-separated, or all (default): one backend's row alone")
     d.add_argument("--gpus", type=int, help="GPUs to use (default: every GPU here; the plan uses 1 or 2)")
     d.add_argument("--budget-s", type=float, help="the whole check's time budget (default 420; --full 1500)")
-    d.add_argument("--jobs", type=int, help="plan launches at once (default: one per 4 cores, at most 4)")
+    d.add_argument("--jobs", type=int, help="plan launches at once (default: one per 4 cores, at most 8)")
     add_renamed(d, "--test-timeout-s", "--test-timeout", dest="test_timeout", type=float, default=240.0,
                 metavar="SECONDS", help="seconds per gpu test at most (default 240)")
     d.add_argument("--test-jobs", type=int, help="gpu tests at once (default: as --jobs)")
