@@ -304,7 +304,7 @@ def test_the_table_has_a_row_per_backend_groups_identical_failures_and_names_wha
     single_purpose = [ln for ln in lines if ln.startswith("| cudnn-off |")]
     assert single_purpose == ["| cudnn-off | cudnn.benchmark off is applied and recorded | ok | python -m bench run "
                               "--backends single --gpus 1 --device cuda --model resnet18 --image-size 64 --batch-size 16 "
-                              "--warmup 3 --steps 3 --windows 3 --cudnn-benchmark off --results results/doctor/alone |"]
+                              "--warmup 3 --steps 3 --windows 3 --cudnn-benchmark off --skip-peak --results results/doctor/alone |"]
 
 
 def test_the_verdict_of_a_clean_check_and_the_full_tier_s_baseline_offer(tmp_path):
