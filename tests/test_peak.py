@@ -95,6 +95,21 @@ def test_a_run_asks_for_its_peak_only_when_the_harness_says_and_a_failure_costs_
     assert got["tflops"] is None and got["reason"].startswith("not measured: ")
 
 
+def test_a_measurement_torch_refuses_is_a_reason_and_a_mistake_of_ours_an_error(tmp_path, monkeypatch):
+    from bench.core.config import RunConfig
+    from bench.rank import peak as rank_peak
+
+    cfg = RunConfig(backend="single", launcher="inproc", world_size=1, device_type="cpu", model="resnet18",
+                    image_size=32, batch_size=2, warmup=2, steps=1, windows=1).validate()
+    spec = {"threads_per_rank": 1, "env": {"cpu_model": "EPYC"}, "peak": {"cache": str(tmp_path / "peak")}}
+    monkeypatch.setattr(rank_peak, "measure", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
+    got = rank_peak.for_run(spec, cfg, torch.device("cpu"), None)
+    assert got == {"tflops": None, "reason": "not measured: OutOfMemoryError: oom"}
+    monkeypatch.setattr(rank_peak, "measure", lambda *a, **k: (_ for _ in ()).throw(AttributeError("a typo")))
+    with pytest.raises(AttributeError):  # not turned into a null figure
+        rank_peak.for_run(spec, cfg, torch.device("cpu"), None)
+
+
 def test_every_record_gives_mfu_against_the_measured_peak_and_names_the_mode():
     from bench.core.config import RunConfig
     from bench.rank import record
