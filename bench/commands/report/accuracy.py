@@ -267,8 +267,7 @@ def _dodge_curves(ax, points: list, dodge) -> dict:
         groups.setdefault((x, round(y, 1)), []).append((key, x, y))
     out = {key: x for key, x, _ in points}
     shared = [p for g in groups.values() if len(g) > 1 for p in g]
-    if shared:
-        ax.figure.canvas.draw()
+    if shared:  # (dodge settles the layout first)
         for key, x in dodge(ax, [((k, y), x, y) for k, x, y in shared]).items():
             out[key[0]] = x
     return out

@@ -69,7 +69,7 @@ def dodge(ax, points: list[tuple[object, float, float]], step_px: float | None =
     import numpy as np
 
     fig = ax.figure
-    fig.canvas.draw()  # the layout (constrained or not) decides how many pixels a unit of x is
+    fig.draw_without_rendering()  # the layout (constrained or not) decides how many pixels a unit of x is
     step = step_px if step_px is not None else (MARKER_SIZE + 2.5) * fig.dpi / 72
     at: dict[float, list] = {}
     for key, x, y in points:
