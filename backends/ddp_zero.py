@@ -10,8 +10,6 @@ one flat buffer per rank and device, as DDP's buckets do. Recorded in ``backend_
 """
 import functools
 
-from torch.distributed.optim import ZeroRedundancyOptimizer
-
 from backends.base import make_optimizer
 from backends.ddp import DDP
 
@@ -20,6 +18,10 @@ class DDPZero(DDP):
     compute_only_keeps = "ZeroRedundancyOptimizer's broadcast of each rank's updated parameters after the step"
 
     def setup(self, cfg):
+        # imported here: torch.distributed.optim imports FSDP and DTensor (a second of CPU), which every process that
+        # reads the registry's knobs (each bench command, each rank) would pay otherwise
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         super().setup(cfg)
         self.optimizer = make_optimizer(cfg, self.module.parameters(), cls=functools.partial(
             ZeroRedundancyOptimizer, parameters_as_bucket_view=True))
