@@ -114,14 +114,15 @@ list: venv
 
 # Tests run in TEST_JOBS processes (pytest-xdist; default: the cores this job may use), each test module on one
 # process (--dist loadscope: its module fixtures run once); a `gpu` test holds a lock while it runs (tests/conftest.py),
-# so one GPU is never shared by two tests.
+# so one GPU is never shared by two tests. The modules start longest first (tests/schedule.py, from a run's
+# --durations: scripts/test_schedule.py), so neither process idles at the end; `make test` prints the 15 slowest items.
 # TEST_JOBS=1 runs them in this process. pytest exits 5 when it collected no tests: a suite that tests nothing is a
 # failure, said plainly.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 XDIST     := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadscope)
 test: install
-	@echo '$(strip $(PY) -m pytest -q -rs $(XDIST) $(COVERAGE_TESTS) $(ARGS))'; \
-	$(PY) -m pytest -q -rs $(XDIST) tests $(ARGS); status=$$?; \
+	@echo '$(strip $(PY) -m pytest -q -rs --durations=15 $(XDIST) tests $(ARGS))'; \
+	$(PY) -m pytest -q -rs --durations=15 $(XDIST) tests $(ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
 # The inner loop: the tests that launch no run, start no process group and train nothing (tests/conftest.py refuses

@@ -1,5 +1,6 @@
 import contextlib
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -21,6 +22,24 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # read or write the user's cache, but one of their own per session, shared by its xdist workers (they inherit it).
 if "BENCH_PEAK_CACHE" not in os.environ:
     os.environ["BENCH_PEAK_CACHE"] = tempfile.mkdtemp(prefix="bench-test-peak-")
+
+# DeepSpeed compiles its CPU shared-memory collective (deepspeed_shm_comm) with torch's JIT extension loader on its
+# first use, a minute or more of CPU, into ~/.cache/torch_extensions. The build's command names this environment's
+# include paths, so two checkouts with environments of their own, sharing that folder, rebuilt it in turn each time
+# the other had run DeepSpeed (dozens of builds an evening on one machine, one in every test session). The tests keep
+# one build per environment beside torch's default folder; a TORCH_EXTENSIONS_DIR already set is left alone.
+# The suite starts hundreds of Python processes (ranks, launchers, `python -m bench`), each importing the project's
+# modules. With PYTHONDONTWRITEBYTECODE set (common in containers, and on these CI machines) none of them caches its
+# bytecode, so every process compiles bench/ and backends/ from source again, and every xdist worker rewrites every
+# test module's asserts again: 0.3 s of CPU a process, ~5% of `make test`. The tests let the caches be written
+# (__pycache__ is ignored by git); what users run keeps their setting.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+if "TORCH_EXTENSIONS_DIR" not in os.environ:
+    _cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(
+        _cache / "torch_extensions" / f"torch-parallel-bench-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]}")
 
 import torch  # noqa: E402
 
@@ -124,6 +143,21 @@ _CONFIG = None
 def pytest_configure(config):
     global _CONFIG
     _CONFIG = config
+    # pytest-xdist's --dist loadscope hands out the modules with the most tests first, whatever their time; the order
+    # pytest_collection_modifyitems gives them (longest first) is the one the workers should take
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules longest first (tests/schedule.py), each keeping its tests' order. Under --dist loadscope a module's
+    tests stay on one worker, and a worker takes the next module when it is nearly done with its own: in file order a
+    long module that happened to come last kept one worker busy for a minute or two after the other had run out of
+    work. Longest first, the short modules fill the gaps at the end (the longest-processing-time rule)."""
+    from tests import schedule
+
+    seconds = schedule.FAST if FAST_ONLY else schedule.FULL
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable: file order among equals
 
 
 def _controller() -> bool:
@@ -302,6 +336,19 @@ class GpuPlan:
         return Path(self.launch(name)["log"]).read_text(errors="replace")
 
 
+def once_per_session(folder: Path | str, load, make):
+    """What ``make()`` gives, computed once for the whole session, whichever xdist worker asks first: while holding
+    ``folder``'s lock, ``load()`` reads what an earlier caller left there (None: nothing complete), else ``make()``
+    runs. The first caller runs it and every other caller, in any worker, waits on the lock and reads. The folder
+    comes from an environment variable the controller sets before the workers start, so they all share it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        got = load()
+        return make() if got is None else got
+
+
 def shared_gpu_plan(folder: Path | str | None = None, runner=None) -> GpuPlan:
     """The plan's results in ``folder`` (default BENCH_GPU_PLAN_DIR): read when a complete manifest is there, else run
     by ``runner(folder)`` (default: the whole plan for this machine) while holding the folder's lock, so that the
@@ -309,13 +356,12 @@ def shared_gpu_plan(folder: Path | str | None = None, runner=None) -> GpuPlan:
     from bench.commands import _gpu_plan
 
     folder = Path(folder or os.environ["BENCH_GPU_PLAN_DIR"])
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+
+    def complete():
         manifest = _gpu_plan.load(folder)
-        if manifest is None or not manifest.get("complete"):
-            manifest = (runner or run_gpu_plan)(folder)
-    return GpuPlan(folder, manifest)
+        return manifest if manifest is not None and manifest.get("complete") else None
+
+    return GpuPlan(folder, once_per_session(folder, complete, lambda: (runner or run_gpu_plan)(folder)))
 
 
 def run_gpu_plan(folder: Path) -> dict:

@@ -10,7 +10,7 @@ from backends.base import build_model, checkpoint_blocks, make_optimizer
 from backends.models import flops
 from bench.core import results, workloads
 from bench.core.config import RunConfig
-from tests.conftest import bench, cli_error, records
+from tests.conftest import bench_inproc, cli_error, records
 
 
 def cfg_for(model="gpt-micro", **kw):
@@ -140,7 +140,7 @@ def test_bad_workload_input_is_one_line(results_dir, args, message, capsys):
 
 @pytest.mark.slow
 def test_the_tiny_gpt_passes_verify_with_adamw_on_every_backend_at_two_ranks(tmp_path):
-    proc = bench("verify", "--device", "cpu", "--model", "gpt-micro", "--seq-len", 16, "--batch-size", 2, "--steps",
+    proc = bench_inproc("verify", "--device", "cpu", "--model", "gpt-micro", "--seq-len", 16, "--batch-size", 2, "--steps",
                  4, "--eval-samples", 9, "--gpus", 2, "--results", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [path] = (tmp_path / "verify").glob("summary-*.json")
@@ -158,10 +158,10 @@ def test_the_tiny_gpt_passes_verify_with_adamw_on_every_backend_at_two_ranks(tmp
 @pytest.mark.slow
 def test_a_user_model_and_a_checkpointed_gpt_train_on_two_ranks_with_identical_replicas(tmp_path):
     raw = tmp_path / "raw"
-    user = bench("run", "--backends", "fsdp2", "--gpus", 2, "--device", "cpu", "--model",
+    user = bench_inproc("run", "--backends", "fsdp2", "--gpus", 2, "--device", "cpu", "--model",
                  "tests.user_model:factory", "--batch-size", 4, "--warmup", 2, "--steps", 2, "--windows", 2,
                  "--results", raw)
-    gpt = bench("run", "--backends", "ds_zero3", "--gpus", 2, "--device", "cpu", "--model", "gpt-micro", "--seq-len",
+    gpt = bench_inproc("run", "--backends", "ds_zero3", "--gpus", 2, "--device", "cpu", "--model", "gpt-micro", "--seq-len",
                 16, "--batch-size", 2, "--warmup", 2, "--steps", 2, "--windows", 2, "--activation-checkpointing",
                 "--results", raw)
     assert user.returncode == 0 and gpt.returncode == 0, user.stdout + user.stderr + gpt.stdout + gpt.stderr
@@ -211,16 +211,16 @@ def test_a_user_model_scores_its_samples_by_its_own_loss_with_no_accuracy():
 @pytest.mark.slow
 def test_a_user_model_with_its_own_loss_trains_verifies_and_evaluates(tmp_path):
     model = ["--model", "tests.user_model:regression", "--device", "cpu", "--gpus", 2]
-    run = bench("run", "--backends", "ddp", *model, "--batch-size", 4, "--warmup", 2, "--steps", 2, "--windows", 2,
+    run = bench_inproc("run", "--backends", "ddp", *model, "--batch-size", 4, "--warmup", 2, "--steps", 2, "--windows", 2,
                 "--eval", "--eval-samples", 9, "--results", tmp_path / "run")
     assert run.returncode == 0, run.stdout + run.stderr
     [rec] = records(tmp_path / "run")
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True, rec["reason"]
     assert rec["eval_samples"] == 9 and rec["eval_loss"] > 0 and rec["eval_accuracy"] is None
-    verify = bench("verify", "--backends", "ddp", *model, "--steps", 4, "--results", tmp_path / "verify")
+    verify = bench_inproc("verify", "--backends", "ddp", *model, "--steps", 4, "--results", tmp_path / "verify")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "| ddp     │ 2 " not in verify.stdout and " pass " in verify.stdout
-    report = bench("report", "--results", tmp_path / "run", "--out", tmp_path / "rep")
+    report = bench_inproc("report", "--results", tmp_path / "run", "--out", tmp_path / "rep")
     assert report.returncode == 0, report.stderr
     assert "| none: scored by its own loss |" in (tmp_path / "rep" / "REPORT.md").read_text()
 
@@ -311,7 +311,7 @@ def test_find_max_model_on_two_ranks_measures_the_shards_and_the_report_shows_th
     from tests.test_report import make, run_report, write
 
     raw = tmp_path / "raw"
-    proc = bench("run", "--find-max-model", "--backends", "ddp,fsdp2", "--gpus", 2, "--device", "cpu", "--ladder",
+    proc = bench_inproc("run", "--find-max-model", "--backends", "ddp,fsdp2", "--gpus", 2, "--device", "cpu", "--ladder",
                  "gpt-micro,gpt-tiny", "--seq-len", 16, "--batch-size", 2, "--memory-limit-gib", 2, "--results", raw)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [path] = (raw / "maxmodel").glob("summary-*.json")

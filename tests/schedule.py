@@ -1,0 +1,65 @@
+"""The order the test modules start in (tests/conftest.py: pytest_collection_modifyitems), longest first.
+
+Each module's time in seconds, all of its tests' phases summed as pytest's --durations reports them, measured in a full
+run on the 2-core machine: FULL for `make test`, FAST for `make test-fast`. A module not listed is short; those run
+after the listed ones, in file order. Only the order depends on these numbers, never a result: re-measure
+(`make test` prints the slowest items; docs/tests.md, "The time budget") when a module's time moves by tens of seconds,
+or a new module is long."""
+
+FULL: dict[str, float] = {
+    'tests/test_workloads.py': 249.8,
+    'tests/backends/test_contract.py': 177.7,
+    'tests/test_faults.py': 134.9,
+    'tests/test_cluster_faults.py': 127.2,
+    'tests/test_reference.py': 96.9,
+    'tests/test_verify.py': 87.6,
+    'tests/test_install.py': 79.3,
+    'tests/test_multinode.py': 72.3,
+    'tests/test_accuracy.py': 55.7,
+    'tests/backends/test_ddp.py': 43.8,
+    'tests/test_doctor.py': 42.8,
+    'tests/test_dead_peer.py': 39.8,
+    'tests/test_offline_install.py': 38.8,
+    'tests/test_maxbatch.py': 36.7,
+    'tests/test_numerics.py': 34.4,
+    'tests/test_compare.py': 33.0,
+    'tests/test_trace.py': 31.9,
+    'tests/test_report.py': 30.0,
+    'tests/test_oom_kinds.py': 29.4,
+    'tests/test_loaders.py': 29.3,
+    'tests/test_imagenet.py': 25.7,
+    'tests/test_harness.py': 24.8,
+    'tests/backends/test_horovod.py': 24.4,
+    'tests/test_overhead.py': 24.0,
+    'tests/test_comm.py': 23.4,
+    'tests/backends/test_fsdp2_compute_only.py': 21.5,
+    'tests/backends/test_fairness.py': 20.8,
+    'tests/test_first_screen.py': 18.2,
+    'tests/backends/test_deepspeed.py': 17.5,
+    'tests/test_compile.py': 16.6,
+    'tests/test_plot_overlap.py': 13.0,
+    'tests/test_trust.py': 12.5,
+    'tests/test_tune.py': 9.8,
+    'tests/test_html.py': 8.2,
+    'tests/test_device_seam.py': 8.2,
+    'tests/test_measurement_gpu_fixes.py': 7.2,
+    'tests/test_measurement.py': 5.0,
+    'tests/test_rank_exit.py': 4.5,
+    'tests/test_peak.py': 4.3,
+    'tests/test_static.py': 3.8,
+}
+
+FAST: dict[str, float] = {
+    'tests/test_first_screen.py': 16.4,
+    'tests/test_report.py': 15.6,
+    'tests/test_loaders.py': 13.9,
+    'tests/test_plot_overlap.py': 12.8,
+    'tests/test_trust.py': 7.3,
+    'tests/test_html.py': 6.5,
+    'tests/test_dead_peer.py': 5.9,
+    'tests/test_accuracy.py': 5.7,
+    'tests/test_comm.py': 5.5,
+    'tests/test_trace.py': 5.2,
+    'tests/test_reference.py': 3.2,
+    'tests/test_rank_exit.py': 3.1,
+}
