@@ -114,8 +114,7 @@ list: venv
 
 # Tests run in TEST_JOBS processes (pytest-xdist; default: the cores this job may use), each test module on one
 # process (--dist loadscope: its module fixtures run once); a `gpu` test holds a lock while it runs (tests/conftest.py),
-# so one GPU is never shared by two tests. The modules start longest first (tests/schedule.py, from a run's
-# --durations: scripts/test_schedule.py), so neither process idles at the end; `make test` prints the 15 slowest items.
+# so one GPU is never shared by two tests. `make test` prints the 15 slowest items (set-up included).
 # TEST_JOBS=1 runs them in this process. pytest exits 5 when it collected no tests: a suite that tests nothing is a
 # failure, said plainly.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)

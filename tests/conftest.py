@@ -143,21 +143,6 @@ _CONFIG = None
 def pytest_configure(config):
     global _CONFIG
     _CONFIG = config
-    # pytest-xdist's --dist loadscope hands out the modules with the most tests first, whatever their time; the order
-    # pytest_collection_modifyitems gives them (longest first) is the one the workers should take
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(config, items):
-    """The modules longest first (tests/schedule.py), each keeping its tests' order. Under --dist loadscope a module's
-    tests stay on one worker, and a worker takes the next module when it is nearly done with its own: in file order a
-    long module that happened to come last kept one worker busy for a minute or two after the other had run out of
-    work. Longest first, the short modules fill the gaps at the end (the longest-processing-time rule)."""
-    from tests import schedule
-
-    seconds = schedule.FAST if FAST_ONLY else schedule.FULL
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable: file order among equals
 
 
 def _controller() -> bool:
