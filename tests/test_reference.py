@@ -4,8 +4,8 @@ interval in the record, the report and the verdict.
 
 The twin's sameness is checked in this process (the same weights, batch, optimizer settings and loss as the harness
 builds); the arithmetic, the interleaving and the report on made-up records; one real sweep on the CPU shows the
-figure reads about 0 for single and sees a 5% delay injected into dp's step (BENCH_FAULT slow), see
-``test_a_five_percent_delay_is_seen_and_single_reads_about_zero``."""
+figure reads about 0 for single and sees a 20% delay injected into dp's step (BENCH_FAULT slow20), see
+``test_a_twenty_percent_delay_is_seen_and_single_reads_about_zero``."""
 import ast
 import contextlib
 import importlib
@@ -288,6 +288,11 @@ def test_the_slow_fault_burns_five_percent_more_cpu_time_inside_the_step():
     fault.install(dp)
     fault.install(single)
     assert dp.step is not step and single.step is step  # only the backend named
+    now[0] = 0.0
+    [twenty] = faults.Fault.parse("dp/slow20@rank0").faults  # slowN: N% (the sweep below uses 20%)
+    assert (twenty.kind, twenty.share) == ("slow", 0.2)
+    faults.slowed(step, twenty.share, clock=clock)()
+    assert now[0] == pytest.approx(2.4, abs=0.005)  # the 2 s step, then 20% of it more
 
 
 # -- the sweep: where the twins go, and what the records get -----------------------------------------------------------
@@ -466,14 +471,14 @@ def _release(pid: int) -> None:
 
 
 def _sweep(tmp):
-    """single and dp (each step 5% slower: BENCH_FAULT dp/slow) beside their twin, 3 interleaved repetitions; gpt-tiny
+    """single and dp (each step 20% slower: BENCH_FAULT dp/slow20) beside their twin, 3 interleaved repetitions; gpt-tiny
     at 1 thread (~0.2 s of CPU per window); ``python -m bench run`` in a process of its own at real-time priority on
     one core (SCHED_RR), which every run and twin inherits.
 
     Why: CPU time is what the overhead reads on CPUs, and on this shared 2-core VM (load average 7 to 9 from other
     suites) the CPU time of one unchanged run moved by 5-8% from one process to the next under time-sharing: the
-    cache refills after every preemption (about one every 5 ms) are counted as the run's CPU time. A 5% delay cannot be
-    told from that with a few runs. At real-time priority on one core no other process preempts the run, and the same
+    cache refills after every preemption (about one every 5 ms) are counted as the run's CPU time. A delay of a
+    few percent cannot be told from that with a few runs. At real-time priority on one core no other process preempts the run, and the same
     runs agreed within 1-2%. SCHED_RR, not SCHED_FIFO: at FIFO two threads of one process on one core can wait on each
     other for ever (the harness once spun in the kernel for 25 minutes, unkillable by SIGKILL, while its other thread, which it
     waited for, never ran); RR gives each its turn. Without the permission (not root, RLIMIT_RTPRIO 0) the test is
@@ -484,10 +489,10 @@ def _sweep(tmp):
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except (PermissionError, OSError) as e:
         pytest.skip(f"needs SCHED_RR for its runs (a core without preemption: under time-sharing with other load "
-                    f"CPU time moves by 5-8% from run to run, more than the 5% this test must see): {e}")
+                    f"CPU time moves by 5-8% from run to run, too much for the sweep's control to hold): {e}")
     tmp.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
-    env.update(BENCH_FAULT="dp/slow@rank0", BENCH_PEAK_CACHE=str(tmp / "peak"), OMP_WAIT_POLICY="PASSIVE")
+    env.update(BENCH_FAULT="dp/slow20@rank0", BENCH_PEAK_CACHE=str(tmp / "peak"), OMP_WAIT_POLICY="PASSIVE")
     args = ["run", "--backends", "single,dp", "--gpus", "1", "--device", "cpu", "--model", "gpt-tiny", "--seq-len",
             "64", "--batch-size", "4", "--warmup", "2", "--steps", "2", "--windows", "5", "--repeat", "3",
             "--reference", "--results", str(tmp / "raw")]
@@ -512,17 +517,19 @@ def sweep(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_five_percent_delay_is_seen_and_single_reads_about_zero(sweep):
-    """The tolerance: single within 4% of its twin, dp (5% more CPU time per step: 1 - 1/1.05 = 4.8%) 2 to 12 points
-    above single. Three sweeps at SCHED_FIFO (now SCHED_RR) beside load average 7-9 read single -0.9, -1.8, -2.5% and dp - single
+def test_a_twenty_percent_delay_is_seen_and_single_reads_about_zero(sweep):
+    """The tolerance: single within 4% of its twin, dp (20% more CPU time per step: 1 - 1/1.2 = 16.7%) 10 to 25 points
+    above single. It was a 5% delay, 2 to 12 points, until that proved below what 3 repetitions resolve here: CI read
+    (single, dp) +0.7, +0.1 with the delay, and a sweep without it passed; the history below is of the 5% test.
+    With 5%: Three sweeps at SCHED_FIFO (now SCHED_RR) beside load average 7-9 read single -0.9, -1.8, -2.5% and dp - single
     +9.5, +5.5, +5.8 points; each configuration's figure is the median of 3 runs against the median of 3 twins.
 
     single is the control: a sweep whose single misses its 4% was disturbed beyond what a core of its own prevents
     (in the full suite the other test worker runs on this VM's other vCPU, which can share the physical core: one
     sweep in three read single +7.0% and dp +4.4%), so one more sweep is taken, at most two more. A sweep whose control
-    held can still miss the delay by chance (CI, beside other suites, once read single +0.7% and dp +0.1%): that too
-    takes one more sweep, at most two more. The test passes on the first sweep where both hold, and fails naming every
-    sweep's pair. A broken delay still fails: in every sweep dp reads single's figure."""
+    held can still miss the delay by noise: that too takes one more sweep, at most two more. The test passes on the
+    first sweep where both hold, and fails naming every sweep's pair. A broken delay fails: dp then reads within about
+    5 points of single in every sweep, never the 10 the test asks for."""
     from bench.commands.report.summary import summarise, usable_records
 
     tmp, proc = sweep
@@ -534,10 +541,10 @@ def test_a_five_percent_delay_is_seen_and_single_reads_about_zero(sweep):
         single, dp = rows["single"]["harness_overhead_pct"], rows["dp"]["harness_overhead_pct"]
         assert rows["single"]["overhead_timing"] == "CPU time" and rows["single"]["twin_runs"] == 3
         seen.append((round(single, 1), round(dp, 1)))
-        if abs(single) <= 4.0 and 2.0 <= dp - single <= 12.0:
+        if abs(single) <= 4.0 and 10.0 <= dp - single <= 25.0:
             break
-    assert abs(single) <= 4.0 and 2.0 <= dp - single <= 12.0, (
-        f"no sweep both kept single within 4% of its twin and saw the 5% delay as 2 to 12 points on dp; "
+    assert abs(single) <= 4.0 and 10.0 <= dp - single <= 25.0, (
+        f"no sweep both kept single within 4% of its twin and saw the 20% delay as 10 to 25 points on dp; "
         f"(single, dp) per sweep: {seen}")
     assert "Harness vs its plain twin (1 - harness / twin; > 0: the harness is slower; " in proc.stdout
     assert "seq/CPU-s in the harness vs " in proc.stdout  # issue 47: the rates it is computed from, CPU time said

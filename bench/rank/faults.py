@@ -17,7 +17,8 @@
                               (a kernel hang, a partition); the test that injects it kills the frozen processes
     Both wait 1.5 s before acting, so the node's last heartbeat carries the phase it died in.
     slow@rank0           every training step of that rank burns SLOW_SHARE (5%) more CPU time after it, in a busy
-                         loop inside the step (a harness that got 5% slower: ``bench run --reference`` must see it)
+                         loop inside the step (a harness that got 5% slower); ``slowN``: N% (``slow20@rank0``: 20%,
+                         what tests/test_reference.py makes ``bench run --reference`` see)
     watchdog-abort@rank0      once a training step of this rank fails (its peer died), the process is taken down as
                               NCCL's watchdog does (TORCH_NCCL_ASYNC_ERROR_HANDLING 1 or 3): SIGABRT from a thread
                               of its own while the main thread stays blocked, as in a CUDA synchronize
@@ -56,7 +57,8 @@ KINDS = ("crash", "hang", "oom", *OOM_ERRORS, "diverge", "bloat", "grad-scale", 
 SLOW_SHARE = 0.05  # slow: the CPU time each step burns beyond its own, as a share of it
 ANY_RANK = -1
 BLOAT_BYTES = 256 * 2 ** 20
-_SPEC = re.compile(r"^(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)(?:@rank(?P<rank>\d+|\*))?(?::step(?P<step>\d+))?$")
+_SPEC = re.compile(r"^(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)(?P<pct>(?<=slow)\d+)?(?:@rank(?P<rank>\d+|\*))?"
+                   r"(?::step(?P<step>\d+))?$")
 
 
 @dataclass
@@ -65,6 +67,7 @@ class _One:
     rank: int
     step: int
     backend: str | None
+    share: float = SLOW_SHARE  # slow: the extra CPU time's share of the step's
 
 
 class Fault:
@@ -80,7 +83,8 @@ class Fault:
                 raise ValueError(f"BENCH_FAULT: cannot parse {part!r}; expected [BACKEND/]KIND[@rankR][:stepS] "
                                  f"with KIND one of {', '.join(KINDS)}")
             rank = ANY_RANK if m["rank"] == "*" else int(m["rank"] or 0)
-            faults.append(_One(m["kind"], rank, int(m["step"] or 1), m["backend"]))
+            share = int(m["pct"]) / 100 if m["pct"] else SLOW_SHARE
+            faults.append(_One(m["kind"], rank, int(m["step"] or 1), m["backend"], share))
         return cls(faults)
 
     def _mine(self, backend, kinds):
@@ -109,8 +113,8 @@ class Fault:
                     _watchdog_abort(backend)
 
             backend.step = watched_step
-        if self._mine(backend, ("slow",)):
-            backend.step = slowed(backend.step)
+        for f in self._mine(backend, ("slow",)):
+            backend.step = slowed(backend.step, f.share)
         mine = self._mine(backend, ("crash", "hang", "oom", *OOM_ERRORS, "bloat", "node-dies", "node-freezes"))
         if not mine:
             return
