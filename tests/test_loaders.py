@@ -233,6 +233,7 @@ def test_dali_ddp_run_with_eval_on_flat_val_records_loader_empty_classes_and_ski
     assert (key["loader"], key["decode"]) == ("dali", "cpu")
 
 
+@pytest.mark.slow  # bench loader --ranks 2 starts its ranks as processes (spawn: each imports torch, and DALI), as a run does
 def test_loader_ceiling_for_every_loader_and_the_input_bound_report(tree, tmp_path, capsys):
     skip_without("dali")  # every loader, DALI included
     raw = tmp_path / "raw"
