@@ -321,19 +321,6 @@ class GpuPlan:
         return Path(self.launch(name)["log"]).read_text(errors="replace")
 
 
-def once_per_session(folder: Path | str, load, make):
-    """What ``make()`` gives, computed once for the whole session, whichever xdist worker asks first: while holding
-    ``folder``'s lock, ``load()`` reads what an earlier caller left there (None: nothing complete), else ``make()``
-    runs. The first caller runs it and every other caller, in any worker, waits on the lock and reads. The folder
-    comes from an environment variable the controller sets before the workers start, so they all share it."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        got = load()
-        return make() if got is None else got
-
-
 def shared_gpu_plan(folder: Path | str | None = None, runner=None) -> GpuPlan:
     """The plan's results in ``folder`` (default BENCH_GPU_PLAN_DIR): read when a complete manifest is there, else run
     by ``runner(folder)`` (default: the whole plan for this machine) while holding the folder's lock, so that the
@@ -341,12 +328,13 @@ def shared_gpu_plan(folder: Path | str | None = None, runner=None) -> GpuPlan:
     from bench.commands import _gpu_plan
 
     folder = Path(folder or os.environ["BENCH_GPU_PLAN_DIR"])
-
-    def complete():
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         manifest = _gpu_plan.load(folder)
-        return manifest if manifest is not None and manifest.get("complete") else None
-
-    return GpuPlan(folder, once_per_session(folder, complete, lambda: (runner or run_gpu_plan)(folder)))
+        if manifest is None or not manifest.get("complete"):
+            manifest = (runner or run_gpu_plan)(folder)
+    return GpuPlan(folder, manifest)
 
 
 def run_gpu_plan(folder: Path) -> dict:
