@@ -49,13 +49,43 @@ def problem() -> str | None:
     return None
 
 
+# What ``horovodrun --check-build`` lists, in its order: (section, [(name, the horovod.torch function that says it)])
+CHECK_BUILD = (("controllers", (("MPI", "mpi_built"), ("Gloo", "gloo_built"))),
+               ("tensor_operations", (("NCCL", "nccl_built"), ("DDL", "ddl_built"), ("CCL", "ccl_built"),
+                                      ("MPI", "mpi_built"), ("Gloo", "gloo_built"))))
+OTHER_FRAMEWORKS = ("tensorflow", "mxnet")  # horovodrun --check-build looks for their extensions too
+
+
 def build_info() -> dict | None:
-    """Horovod version and what ``horovodrun --check-build`` says it was built with, for the record's env."""
+    """Horovod's version and what ``horovodrun --check-build`` says it was built with, for the record's env.
+
+    horovodrun answers by loading each framework's extension in a forked process per question (about ten, each
+    importing torch: 7 s and 8 s of CPU on a 2-core machine, at every sweep that plans horovod). With only PyTorch
+    installed its answers are those of the horovod.torch extension ``problem()`` has already loaded, so they are read
+    from it here; tests/backends/test_horovod.py checks that both give the same. Where TensorFlow or MXNet is
+    installed, horovodrun itself is asked (the frameworks it lists, and the controllers of the first extension
+    that loads, may then come from another extension)."""
     if problem():
         return None
+    import importlib.util
+
     import horovod
 
-    try:  # horovodrun --check-build, through this interpreter (as the harness starts horovodrun)
+    if any(importlib.util.find_spec(name) for name in OTHER_FRAMEWORKS):
+        return check_build()
+    import horovod.torch as hvd
+
+    info = {"version": horovod.__version__, "frameworks": "PyTorch"}
+    for section, features in CHECK_BUILD:
+        info[section] = ", ".join(name for name, query in features if getattr(hvd, query)())
+    return info
+
+
+def check_build() -> dict:
+    """``horovodrun --check-build``'s answer, through this interpreter (as the harness starts horovodrun)."""
+    import horovod
+
+    try:
         out = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "--check-build"], capture_output=True,
                              text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:

@@ -50,3 +50,35 @@ def test_horovod_two_gloo_ranks_fp16_compression_bf16_fusion_and_cycle_time_reac
     assert rec["precision"] == "bf16"
     info = rec["backend_info"]  # read back from Horovod's own settings in the ranks
     assert (info["fusion_threshold_bytes"], info["cycle_time_ms"]) == (str(2 ** 20), "2.5")
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+def test_the_build_read_in_process_is_what_horovodrun_check_build_says():
+    """build_info() reads the loaded extension instead of asking horovodrun (7 s a sweep); horovodrun's own answer
+    through this interpreter, parsed, must be the same, field for field."""
+    skip_without("horovod")
+    info = hvd_backend.build_info()
+    assert info == hvd_backend.check_build()
+    assert set(info) == {"version", "frameworks", "controllers", "tensor_operations"}
+
+
+@pytest.mark.horovod
+def test_with_another_framework_installed_horovodrun_itself_is_asked(monkeypatch):
+    """TensorFlow or MXNet beside it: horovodrun lists their extensions too, so its answer is taken as it gives it."""
+    skip_without("horovod")
+    import importlib.util
+    import subprocess
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "tensorflow" else real_find_spec(name, *a))
+    asked = []
+    out = ("Horovod v0.28.1:\n\nAvailable Frameworks:\n    [X] TensorFlow\n    [X] PyTorch\n    [ ] MXNet\n\n"
+           "Available Controllers:\n    [X] MPI\n    [X] Gloo\n\nAvailable Tensor Operations:\n    [X] NCCL\n"
+           "    [ ] DDL\n    [ ] CCL\n    [X] MPI\n    [X] Gloo    \n")
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: asked.append(argv) or subprocess.CompletedProcess(
+        argv, 0, out, ""))
+    assert hvd_backend.build_info() == {"version": "0.28.1", "frameworks": "TensorFlow, PyTorch",
+                                        "controllers": "MPI, Gloo", "tensor_operations": "NCCL, MPI, Gloo"}
+    assert asked == [[sys.executable, "-m", "horovod.runner.launch", "--check-build"]]
