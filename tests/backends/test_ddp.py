@@ -117,7 +117,10 @@ def test_bf16_autocast_find_unused_and_the_bf16_hook(results_dir):
 
 @pytest.mark.slow
 def test_compile_happens_in_warmup_and_its_time_is_its_own_field(results_dir):
-    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, "--warmup", 3, "--compile", "--results", results_dir)
+    """The compilation's accounting (the warm-up steps it slowed, no window), on the suite's small CNN: with inductor's
+    cache empty, as on a fresh CI machine, DDP's compiled resnet18 took 60 s of CPU over 2 ranks and cnn-tiny 30 s."""
+    small = [a if a != "resnet18" else "cnn-tiny" for a in TINY]
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *small, "--warmup", 3, "--compile", "--results", results_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["options"] == {"compile": True}
