@@ -10,7 +10,8 @@ no gradient clipping (DeepSpeed's default clips the norm to 1.0, which no other 
 latter to 1 (so that ``torch.cuda.is_available()`` asks NVML instead of initialising CUDA before a fork), and on a
 machine with no NVML every such call, several per training step, then tries to load libnvidia-ml again: a few hundred
 µs a step on the CPU, charged to whatever trains in the process, that no GPU run pays (CUDA is initialised there and
-torch caches the device count).
+torch caches the device count). Also on CPU, not DeepSpeed's shared-memory collective (``no_shm_collective``): it is
+compiled at its first use in an environment (40 s) and serves inference only.
 
 Precision, ``--ds-mp`` (recorded as ``backend_info.mixed_precision``):
 
@@ -80,6 +81,22 @@ def cpu_environment() -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
 
 
+SHM_COLLECTIVE = "deepspeed_shm_comm"
+
+
+def no_shm_collective() -> None:
+    """DeepSpeed on a CPU, before ``deepspeed.initialize``: without its shared-memory collective. Its communication
+    backend (deepspeed/comm/torch.py, ``build_shm_op``) compiles that op with torch's JIT extension loader the first time
+    an environment runs DeepSpeed on a CPU (40 s of g++ on 2 cores, and a compiler and ninja needed at run time), and
+    uses it only in ``inference_all_reduce`` (tensor-parallel inference, module_inject), which training never calls:
+    every collective of a ZeRO step goes through torch.distributed with or without it. ``build_shm_op`` builds it only
+    where DeepSpeed's table of compatible ops says so (``deepspeed.ops.__compatible_ops__``, computed once a process and
+    kept), so it is marked incompatible there."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHM_COLLECTIVE] = False
+
+
 class DeepSpeedZero(DDP):
     # DeepSpeed compiles through its own engine.compile(), not offered here
     knobs = (DS_BUCKET_MB, DS_MP, CHANNELS_LAST, ACTIVATION_CHECKPOINTING, OPTIMIZER_IMPL)
@@ -113,6 +130,8 @@ class DeepSpeedZero(DDP):
             cpu_environment()
         import deepspeed
 
+        if cfg.device_type == "cpu":
+            no_shm_collective()
         deepspeed.utils.logger.setLevel(logging.WARNING)  # the harness prints; DeepSpeed's INFO lines go nowhere
         self.init_process_group(cfg)
         model = contiguous_parameters(build_model(cfg).to(self.device), cfg)  # DeepSpeed views them as bytes

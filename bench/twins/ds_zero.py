@@ -18,6 +18,8 @@ def wrap(c, model, optimizer, device):
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "0")  # at every is_available() where there is none)
     import deepspeed
 
+    if device.type == "cpu":  # not its shared-memory collective, which only inference uses (compiled at first use)
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     ddp.init(device)
     if c["channels_last"]:
         model = model.to(memory_format=torch.contiguous_format)  # DeepSpeed views each parameter as bytes

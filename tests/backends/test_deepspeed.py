@@ -238,6 +238,9 @@ def test_deepspeed_half_parameters_train_evaluate_and_verify_checks_the_autocast
     assert rec["backend_info"]["mixed_precision"].startswith("fp16/bf16 sections")
     assert rec["options"] == {"ds_bucket_mb": 1.0, "ds_mp": "params"} and rec["backend_info"]["bucket_elements"] == \
         2 ** 18
+    # on a CPU, DeepSpeed's shared-memory collective (inference only) is neither compiled nor loaded by the ranks
+    log = (results_dir / "logs" / f"{rec['run_id']}.log").read_text()
+    assert "ds_zero3" in log and deepspeed_zero.SHM_COLLECTIVE not in log, log[-2000:]
     args = build_parser().parse_args(["verify", "--backends", "ds_zero1,ds_zero3", "--gpus", "2", "--device", "cpu",
                                       "--precision", "bf16"])
     _, entries = verify.plan(args)
