@@ -24,8 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if "BENCH_PEAK_CACHE" not in os.environ:
     os.environ["BENCH_PEAK_CACHE"] = tempfile.mkdtemp(prefix="bench-test-peak-")
 
-# DeepSpeed compiles its CPU shared-memory collective (deepspeed_shm_comm) with torch's JIT extension loader on its
-# first use, a minute or more of CPU, into ~/.cache/torch_extensions. The build's command names this environment's
+# DeepSpeed compiled its CPU shared-memory collective (deepspeed_shm_comm) with torch's JIT extension loader on its
+# first use, a minute or more of CPU, into ~/.cache/torch_extensions (the harness no longer has it built on a CPU:
+# backends/deepspeed_zero.py no_shm_collective; this guards any op a library builds that way). The build's command names this environment's
 # include paths, so two checkouts with environments of their own, sharing that folder, rebuilt it in turn each time
 # the other had run DeepSpeed (dozens of builds an evening on one machine, one in every test session). The tests keep
 # one build per environment, and per ninja (torch runs the `ninja` first on PATH: Debian's 1.11 under make, the venv's
