@@ -1,10 +1,8 @@
 import contextlib
 import fcntl
-import hashlib
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,15 +22,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if "BENCH_PEAK_CACHE" not in os.environ:
     os.environ["BENCH_PEAK_CACHE"] = tempfile.mkdtemp(prefix="bench-test-peak-")
 
-# DeepSpeed compiled its CPU shared-memory collective (deepspeed_shm_comm) with torch's JIT extension loader on its
-# first use, a minute or more of CPU, into ~/.cache/torch_extensions (the harness no longer has it built on a CPU:
-# backends/deepspeed_zero.py no_shm_collective; this guards any op a library builds that way). The build's command names this environment's
-# include paths, so two checkouts with environments of their own, sharing that folder, rebuilt it in turn each time
-# the other had run DeepSpeed (dozens of builds an evening on one machine, one in every test session). The tests keep
-# one build per environment, and per ninja (torch runs the `ninja` first on PATH: Debian's 1.11 under make, the venv's
-# pip ninja 1.13 in an activated shell; each discards the other's build log and rebuilds everything, 40 s that a
-# make test after a test run in an activated shell paid), beside torch's default folder; a TORCH_EXTENSIONS_DIR already
-# set is left alone.
 # The suite starts hundreds of Python processes (ranks, launchers, `python -m bench`), each importing the project's
 # modules. With PYTHONDONTWRITEBYTECODE set (common in containers, and on these CI machines) none of them caches its
 # bytecode, so every process compiles bench/ and backends/ from source again, and every xdist worker rewrites every
@@ -40,12 +29,6 @@ if "BENCH_PEAK_CACHE" not in os.environ:
 # (__pycache__ is ignored by git); what users run keeps their setting.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
-
-if "TORCH_EXTENSIONS_DIR" not in os.environ:
-    _cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    _key = f"{sys.prefix}:{shutil.which('ninja')}".encode()
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(
-        _cache / "torch_extensions" / f"torch-parallel-bench-{hashlib.sha1(_key).hexdigest()[:12]}")
 
 import torch  # noqa: E402
 
