@@ -1,7 +1,7 @@
 """The library defaults that tilt a comparison between backends, set on purpose and read back from 2 real ranks: FSDP2's
-compute-only step under a GradScaler, its norm groups and per-block --compile; ZeroRedundancyOptimizer's bucket view;
-DeepSpeed's timer, communication dtype, overlap and gradient norm. Each is recorded in backend_info and shown in the
-report's "Backend settings" table (tests/test_report.py).
+compute-only step under a GradScaler and the unsharded gradients it must not keep, its norm groups and per-block
+--compile; ZeroRedundancyOptimizer's bucket view; DeepSpeed's timer, communication dtype, overlap and gradient norm.
+Each is recorded in backend_info and shown in the report's "Backend settings" table (tests/test_report.py).
 
 The distributed checks run in one module fixture: 2 ranks over gloo (torch.multiprocessing.spawn), each backend set
 up, stepped and torn down in turn, every rank writing what it saw; the tests assert on those files. Each backend's
@@ -17,7 +17,7 @@ import torch
 import backends
 from backends import fsdp2 as fsdp2_module
 from bench.core.config import RunConfig
-from bench.rank import record
+from bench.rank import data, entry, record
 
 
 def tiny_cfg(backend: str, precision: str = "fp32", **options) -> RunConfig:
@@ -68,6 +68,40 @@ def _fsdp2_compute_only_with_a_scaler(rank: int) -> dict:
                                              if hasattr(m, "_get_fsdp_state")
                                              for g in m._get_fsdp_state()._fsdp_param_groups)}
     finally:
+        b.teardown()
+
+
+def _held(model) -> int:
+    """Bytes of unsharded gradients FSDP2 holds right now."""
+    return sum(p._unsharded_param.grad.numel() * p._unsharded_param.grad.element_size()
+               for p in fsdp2_module.fsdp_params(model)
+               if getattr(p, "_unsharded_param", None) is not None and p._unsharded_param.grad is not None)
+
+
+def _fsdp2_held(rank: int, drop: bool = True) -> dict:
+    """The unsharded gradients FSDP2 holds after real steps and between compute-only steps, the backend as the harness
+    drives it (its batches from bench/rank/data.py); ``drop=False``: the code before the fix (this call only)."""
+    cfg = RunConfig(backend="fsdp2", launcher="torchrun", world_size=2, device_type="cpu", model="resnet18",
+                    image_size=32, batch_size=2, warmup=2, steps=1, windows=1).validate()
+    fixed = fsdp2_module.drop_unsharded_grads
+    if not drop:
+        fsdp2_module.drop_unsharded_grads = lambda model: 0
+    b = backends.create("fsdp2")
+    try:
+        b.setup(cfg)
+        b.batches = data.batches_for(cfg, b)
+        b.train(2)
+        held = {"real": _held(b.module), "compute_only": []}
+        with b.skip_gradient_sync():
+            for _ in range(3):
+                b.train(1)
+                held["compute_only"].append(_held(b.module))
+        b.train(1)
+        held["real_after"] = _held(b.module)
+        held["params_bytes"] = sum(p.numel() * 4 for _, p in b.full_parameters())
+        return held
+    finally:
+        fsdp2_module.drop_unsharded_grads = fixed
         b.teardown()
 
 
@@ -140,8 +174,10 @@ def _ds_zero2_bf16(rank: int) -> dict:
         b.teardown()
 
 
-PARTS = {"fsdp2_compute_only": _fsdp2_compute_only_with_a_scaler, "fsdp2_groups": _fsdp2_norm_groups_and_compile,
-         "ddp_zero": _ddp_zero, "ds_zero2": _ds_zero2_bf16}
+# In this order: fsdp2_groups leaves FSDP2's old-torch path set in the process, and DeepSpeed keeps process-wide state.
+PARTS = {"fsdp2_compute_only": _fsdp2_compute_only_with_a_scaler, "fsdp2_held": _fsdp2_held,
+         "fsdp2_held_before_fix": lambda rank: _fsdp2_held(rank, drop=False),
+         "fsdp2_groups": _fsdp2_norm_groups_and_compile, "ddp_zero": _ddp_zero, "ds_zero2": _ds_zero2_bf16}
 
 
 def _rank_main(rank: int, ports: list[int], out: str) -> None:
@@ -155,6 +191,7 @@ def _rank_main(rank: int, ports: list[int], out: str) -> None:
         except Exception as e:  # noqa: BLE001 - one part failing must not hide the others
             seen[name] = {"crashed": f"{type(e).__name__}: {e}"}
     Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
+    entry.exit_done()  # as the harness's ranks end: torch's Gloo may abort at interpreter shutdown (1 run in 10 here)
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +218,21 @@ def test_fsdp2_compute_only_step_gives_the_scaler_sharded_grads(two_ranks):
         assert seen["momentum_buffers"] == 62  # the step did the optimizer's arithmetic
         assert seen["scale"] == 2.0 ** 16  # zeros are finite: no skip recorded
         assert seen["reduce_grads_restored"] is True
+
+
+# -- FSDP2's compute-only windows hold no unsharded gradients ----------------------------------------------------------
+# (bench/rank/train.py's reference without gradient synchronisation): under set_requires_gradient_sync(False) FSDP2
+# keeps and accumulates them, which made compute-only steps heavier than real ones and could run a --find-max-model
+# probe out of memory after its real steps fitted.
+
+@pytest.mark.slow
+def test_compute_only_steps_hold_no_unsharded_gradients(two_ranks):
+    for rank in two_ranks:
+        held = rank["fsdp2_held"]
+        assert held["real"] == 0 and held["real_after"] == 0  # a real step reduce-scatters and frees them
+        assert held["compute_only"] == [0, 0, 0]  # flat: nothing held between compute-only steps
+        before = rank["fsdp2_held_before_fix"]  # without the fix: the whole model's gradients, every step
+        assert before["compute_only"][0] >= 0.99 * before["params_bytes"] and min(before["compute_only"]) > 0
 
 
 # -- FSDP2's groups and --compile --------------------------------------------------------------------------------------
