@@ -19,8 +19,10 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The first run of a sweep measures the matmul peak once per machine and caches it (bench/core/peak.py): tests never
 # read or write the user's cache, but one of their own per session, shared by its xdist workers (they inherit it).
+# The session that made it removes it at its end (pytest_unconfigure).
+_OWN_PEAK_CACHE = None
 if "BENCH_PEAK_CACHE" not in os.environ:
-    os.environ["BENCH_PEAK_CACHE"] = tempfile.mkdtemp(prefix="bench-test-peak-")
+    os.environ["BENCH_PEAK_CACHE"] = _OWN_PEAK_CACHE = tempfile.mkdtemp(prefix="bench-test-peak-")
 
 # The suite starts hundreds of Python processes (ranks, launchers, `python -m bench`), each importing the project's
 # modules. With PYTHONDONTWRITEBYTECODE set (common in containers, and on these CI machines) none of them caches its
@@ -132,6 +134,13 @@ _CONFIG = None
 def pytest_configure(config):
     global _CONFIG
     _CONFIG = config
+
+
+def pytest_unconfigure(config):
+    if _OWN_PEAK_CACHE:
+        import shutil
+
+        shutil.rmtree(_OWN_PEAK_CACHE, ignore_errors=True)
 
 
 def _controller() -> bool:
