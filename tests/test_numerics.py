@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import bench_inproc, records, skip_without
+from tests.conftest import skip_without
 
 AUTOCAST = {"matmul": "bfloat16", "norm": "float32", "attention": "bfloat16", "loss": "float32",
             "norm_params": "float32", "residual": "float32"}
@@ -22,30 +22,15 @@ def signature(expected: dict, half: str = "bfloat16") -> str:
     return ", ".join(f"{k} {half if v == 'bfloat16' else v}" for k, v in expected.items())
 
 
-@pytest.mark.slow
-def test_every_backend_computes_what_single_computes_at_bf16_by_default(tmp_path):
-    proc = bench_inproc("run", "--backends", "single,ddp,fsdp2,ds_zero2", "--gpus", 1, "--device", "cpu", "--model",
-                        "gpt-micro", "--seq-len", 32, "--batch-size", 2, "--warmup", 2, "--steps", 1, "--windows", 2,
-                        "--precision", "bf16", "--results", tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    got = {r["backend"]: r for r in records(tmp_path)}
-    for name in ("single", "ddp", "fsdp2", "ds_zero2"):
-        assert {k: got[name]["numerics"][k] for k in AUTOCAST} == AUTOCAST, name
-        assert got[name]["numerics"]["signature"] == signature(AUTOCAST), name
-    assert got["fsdp2"]["backend_info"]["mixed_precision"] == "autocast (fp32 parameters, fp32 gradient reduction)"
-    assert got["ds_zero2"]["backend_info"]["mixed_precision"] == ("torch_autocast (fp32 parameters, fp32 gradient "
-                                                                  "reduction)")
-    for name in ("fsdp2", "ds_zero2"):
-        info = got[name]["backend_info"]
-        assert (info["param_dtype"], info["autocast_dtype"], info["grad_reduce_dtype"]) == (
-            "float32", "bfloat16", "float32"), name
-
-
-# -- fp16 and the half-parameter knobs, in one rank process (fp16 on a CPU: autocast and GradScaler("cpu") run there;
-# bench run refuses fp16 without CUDA) ---------------------------------------------------------------------------------
+# -- every case in one rank process: bf16, and fp16 with the half-parameter knobs (fp16 on a CPU: autocast and
+# GradScaler("cpu") run there; bench run refuses fp16 without CUDA). The probe is the one bench run's ranks call after
+# warm-up (bench/rank/train.py); that its reading reaches the record is the contract's check, on every backend at fp32
+# (tests/backends/test_contract.py). -----------------------------------------------------------------------------------
 
 CASES = [("single", {}), ("fsdp2", {}), ("ds_zero2", {}), ("fsdp2", {"fsdp_mp": "params"}),
          ("ds_zero2", {"ds_mp": "params"})]
+BF16_ONLY = [("ddp", {})]  # the autocast family's DDP (bench run refuses fp16 on a CPU; the fp16 cases need no DDP)
+INFO = ("grad_scaler", "optimizer_impl", "mixed_precision", "param_dtype", "autocast_dtype", "grad_reduce_dtype")
 
 
 def _probe_every_case(rank: int, port: int, out: str) -> None:
@@ -63,7 +48,7 @@ def _probe_every_case(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo")  # one group for every case (each backend skips its own when one exists)
     seen = {}
     for precision in ("bf16", "fp16"):
-        for name, options in CASES:
+        for name, options in CASES + (BF16_ONLY if precision == "bf16" else []):
             key = f"{name} {json.dumps(options)} {precision}"
             b = backends.create(name)
             cfg = RunConfig(backend=name, launcher=b.launcher, world_size=1, device_type="cpu", model="gpt-micro",
@@ -75,8 +60,8 @@ def _probe_every_case(rank: int, port: int, out: str) -> None:
                 b.train(1)
                 got = probe(b)
                 info = b.describe()
-                seen[key] = {"signature": got["signature"], "grad_scaler": info["grad_scaler"],
-                             "optimizer_impl": info["optimizer_impl"], "loss_scale": b.loss_scale()}
+                seen[key] = {"numerics": got, "signature": got["signature"], "loss_scale": b.loss_scale(),
+                             **{k: info.get(k) for k in INFO}}
             except Exception as e:  # noqa: BLE001 - one case failing must not hide the others
                 seen[key] = {"crashed": f"{type(e).__name__}: {e}"}
     Path(out).write_text(json.dumps(seen))
@@ -91,6 +76,21 @@ def probed(tmp_path_factory):
         port = s.getsockname()[1]
     torch.multiprocessing.spawn(_probe_every_case, args=(port, str(out)), nprocs=1, join=True)
     return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_every_backend_computes_what_single_computes_at_bf16_by_default(probed):
+    got = {name: probed[f"{name} {{}} bf16"] for name in ("single", "ddp", "fsdp2", "ds_zero2")}
+    assert all("crashed" not in v for v in got.values()), got
+    for name, seen in got.items():
+        assert {k: seen["numerics"][k] for k in AUTOCAST} == AUTOCAST, name
+        assert seen["numerics"]["signature"] == signature(AUTOCAST), name
+    assert got["fsdp2"]["mixed_precision"] == "autocast (fp32 parameters, fp32 gradient reduction)"
+    assert got["ds_zero2"]["mixed_precision"] == "torch_autocast (fp32 parameters, fp32 gradient reduction)"
+    for name in ("fsdp2", "ds_zero2"):
+        info = got[name]
+        assert (info["param_dtype"], info["autocast_dtype"], info["grad_reduce_dtype"]) == (
+            "float32", "bfloat16", "float32"), name
 
 
 @pytest.mark.slow

@@ -43,6 +43,8 @@ DESCRIBED = ("process_group", "autocast_dtype", "grad_scaler", "sync_batchnorm_l
              "activation_checkpointing_blocks", "channels_last", "optimizer_impl")
 BASE_PHASES = {"data", "forward", "backward", "optimizer", "other"}  # what every step has in a trace
 MODEL_BYTES = 4 * parameter_count("resnet18")  # TINY's model, fp32: 11.7 M parameters
+# bench/rank/numerics.py's reading of resnet18 at fp32: what single computes, and so every backend (no attention)
+FP32_NUMERICS = "matmul float32, norm float32, loss float32, norm_params float32, residual float32"
 
 
 def planned(name: str, world_size: int, *extra: str, device: str = "cpu"):
@@ -191,6 +193,9 @@ def test_its_record_says_what_ran(sweep, name):
     info, cfg = rec["backend_info"], sweep[name].config
     assert set(DESCRIBED) <= set(info), set(DESCRIBED) - set(info)
     assert (info["compile"], info["activation_checkpointing_blocks"]) == (None, 0)
+    # the numerics probe after warm-up (bench/rank/train.py), in the record: at fp32 every backend computes what single
+    # computes (tests/test_numerics.py reads the probe itself at bf16 and fp16, in one process)
+    assert rec["numerics"]["signature"] == FP32_NUMERICS, rec["numerics"]
     # SGD, the torchvision default: fused where torch has the kernel; on FSDP2's DTensors foreach (no _fused_sgd_ rule)
     assert info["optimizer_impl"] == ("foreach" if name == "fsdp2" else "fused"), info["optimizer_impl"]
     if cfg.world_size > 1:
