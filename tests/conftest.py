@@ -19,10 +19,15 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The first run of a sweep measures the matmul peak once per machine and caches it (bench/core/peak.py): tests never
 # read or write the user's cache, but one of their own per session, shared by its xdist workers (they inherit it).
-# The session that made it removes it at its end (pytest_unconfigure).
-_OWN_PEAK_CACHE = None
+# The session that made a folder removes it at its end (pytest_unconfigure).
+_OWNED: list[str] = []
 if "BENCH_PEAK_CACHE" not in os.environ:
-    os.environ["BENCH_PEAK_CACHE"] = _OWN_PEAK_CACHE = tempfile.mkdtemp(prefix="bench-test-peak-")
+    os.environ["BENCH_PEAK_CACHE"] = tempfile.mkdtemp(prefix="bench-test-peak-")
+    _OWNED.append(os.environ["BENCH_PEAK_CACHE"])
+# The runs several test modules read (shared_run below), one folder per session, inherited by the xdist workers.
+if "BENCH_TEST_SHARED_DIR" not in os.environ:
+    os.environ["BENCH_TEST_SHARED_DIR"] = tempfile.mkdtemp(prefix="bench-test-shared-")
+    _OWNED.append(os.environ["BENCH_TEST_SHARED_DIR"])
 
 # The suite starts hundreds of Python processes (ranks, launchers, `python -m bench`), each importing the project's
 # modules. With PYTHONDONTWRITEBYTECODE set (common in containers, and on these CI machines) none of them caches its
@@ -81,6 +86,28 @@ def bench_inproc(*args, env=None, check=False):
     return proc
 
 
+def shared_run(name: str, *args, env=None) -> tuple[Path, subprocess.CompletedProcess]:
+    """One ``bench_inproc(*args, "--results", folder)`` for the whole session, under ``name``: (its results folder, its
+    output). For a launch that tests in several modules read, which a module fixture cannot share (--dist loadscope may
+    put the modules on different workers): the first test that asks runs it while holding the folder's lock; every
+    other asker, in any xdist worker, waits and reads the same records and output (the GPU plan's pattern,
+    shared_gpu_plan below). Every asker must pass the same arguments: a second set is refused, not run."""
+    folder = Path(os.environ["BENCH_TEST_SHARED_DIR"]) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    asked = json.dumps([list(map(str, args)), env or {}])
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / "output.json"
+        if not done.exists():
+            proc = bench_inproc(*args, "--results", folder / "raw", env=env)
+            done.write_text(json.dumps({"asked": asked, "returncode": proc.returncode, "stdout": proc.stdout,
+                                        "stderr": proc.stderr}))
+        out = json.loads(done.read_text())
+    assert out["asked"] == asked, f"shared run {name!r} was run with other arguments: {out['asked']} against {asked}"
+    return folder / "raw", subprocess.CompletedProcess(["bench", *map(str, args)], out["returncode"], out["stdout"],
+                                                       out["stderr"])
+
+
 def records(directory) -> list[dict]:
     """The records in ``directory`` (not a writer's ``.tmp-*`` file: pathlib's glob matches hidden names)."""
     return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json")) if not p.name.startswith(".")]
@@ -137,10 +164,10 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if _OWN_PEAK_CACHE:
-        import shutil
+    import shutil
 
-        shutil.rmtree(_OWN_PEAK_CACHE, ignore_errors=True)
+    for folder in _OWNED:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _controller() -> bool:

@@ -160,13 +160,18 @@ def test_bad_trace_input_is_one_line(results_dir, args, message, capsys):
 
 @pytest.fixture(scope="module")
 def ddp_with_and_without(tmp_path_factory):
-    out = {}
-    for name, extra in (("traced", ["--trace", 2]), ("plain", [])):
-        raw = tmp_path_factory.mktemp(name) / "raw"
-        proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, *extra, "--results", raw)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        [out[name]] = records(raw)
-        out[name + "_stdout"] = proc.stdout
+    """ddp at 2 ranks with its knobs traced (the run tests/backends/test_ddp.py's knob test reads too, once a session),
+    and the same configuration untraced."""
+    from tests.backends.test_ddp import KNOBS, knobs_traced
+
+    raw, proc = knobs_traced()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = {"traced": next(r for r in records(raw) if r["backend"] == "ddp"), "traced_stdout": proc.stdout}
+    raw = tmp_path_factory.mktemp("plain") / "raw"
+    proc = bench_inproc("run", "--backends", "ddp", "--gpus", 2, *TINY, *KNOBS, "--results", raw)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [out["plain"]] = records(raw)
+    out["plain_stdout"] = proc.stdout
     return out
 
 

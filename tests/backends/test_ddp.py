@@ -6,7 +6,7 @@ import torch
 
 import backends
 from backends import ddp
-from tests.conftest import TINY, bench_inproc, records
+from tests.conftest import TINY, bench_inproc, records, shared_run
 from tests.fakes import built, cfg_for, fake_init, tiny_model
 
 
@@ -72,10 +72,21 @@ def test_ddp_comm_hooks_are_the_ones_named():
         hooks("fp8")
 
 
+# DDP with every knob that changes how DistributedDataParallel is built, and --trace (a flag of bench run, not a knob):
+# one launch feeds the knob test here and tests/test_trace.py's traced run.
+KNOBS = ["--ddp-bucket-mb", 1, "--ddp-static-graph", "--ddp-grad-as-bucket-view", "--ddp-comm-hook", "fp16",
+         "--channels-last"]
+
+
+def knobs_traced():
+    """(results folder, output) of ``bench run --backends ddp,fsdp2 --gpus 2`` TINY with KNOBS and --trace 2, run once
+    a session (tests/conftest.py, shared_run)."""
+    return shared_run("ddp-knobs-traced", "run", "--backends", "ddp,fsdp2", "--gpus", 2, *TINY, *KNOBS, "--trace", 2)
+
+
 @pytest.mark.slow
-def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason(results_dir):
-    proc = bench_inproc("run", "--backends", "ddp,fsdp2", "--gpus", 2, *TINY, "--ddp-bucket-mb", 1, "--ddp-static-graph",
-                        "--ddp-grad-as-bucket-view", "--ddp-comm-hook", "fp16", "--channels-last", "--results", results_dir)
+def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason():
+    results_dir, proc = knobs_traced()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = {r["backend"]: r for r in records(results_dir)}
     ddp = recs["ddp"]
