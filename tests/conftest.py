@@ -86,26 +86,36 @@ def bench_inproc(*args, env=None, check=False):
     return proc
 
 
-def shared_run(name: str, *args, env=None) -> tuple[Path, subprocess.CompletedProcess]:
-    """One ``bench_inproc(*args, "--results", folder)`` for the whole session, under ``name``: (its results folder, its
-    output). For a launch that tests in several modules read, which a module fixture cannot share (--dist loadscope may
-    put the modules on different workers): the first test that asks runs it while holding the folder's lock; every
-    other asker, in any xdist worker, waits and reads the same records and output (the GPU plan's pattern,
-    shared_gpu_plan below). Every asker must pass the same arguments: a second set is refused, not run."""
+def shared(name: str, build) -> dict:
+    """``build(folder)``'s answer (a dict, kept as JSON), built once a session under ``name``: for a launch that tests
+    in several modules read, which a module fixture cannot share (--dist loadscope may put the modules on different
+    workers). The first test that asks builds it while holding the folder's lock; every other asker, in any xdist
+    worker, waits and reads the same answer (the GPU plan's pattern, shared_gpu_plan below). The folder is the
+    session's (BENCH_TEST_SHARED_DIR), so what ``build`` leaves in it stays for the other askers."""
     folder = Path(os.environ["BENCH_TEST_SHARED_DIR"]) / name
     folder.mkdir(parents=True, exist_ok=True)
-    asked = json.dumps([list(map(str, args)), env or {}])
     with open(folder / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        done = folder / "output.json"
+        done = folder / "answer.json"
         if not done.exists():
-            proc = bench_inproc(*args, "--results", folder / "raw", env=env)
-            done.write_text(json.dumps({"asked": asked, "returncode": proc.returncode, "stdout": proc.stdout,
-                                        "stderr": proc.stderr}))
-        out = json.loads(done.read_text())
+            done.write_text(json.dumps(build(folder)))
+        return json.loads(done.read_text())
+
+
+def shared_run(name: str, *args, env=None) -> tuple[Path, subprocess.CompletedProcess]:
+    """One ``bench_inproc(*args, "--results", folder)`` for the whole session, under ``name`` (``shared``): (its
+    results folder, its output). Every asker must pass the same arguments: a second set is refused, not run."""
+    asked = json.dumps([list(map(str, args)), env or {}])
+
+    def build(folder):
+        proc = bench_inproc(*args, "--results", folder / "raw", env=env)
+        return {"asked": asked, "raw": str(folder / "raw"), "returncode": proc.returncode, "stdout": proc.stdout,
+                "stderr": proc.stderr}
+
+    out = shared(name, build)
     assert out["asked"] == asked, f"shared run {name!r} was run with other arguments: {out['asked']} against {asked}"
-    return folder / "raw", subprocess.CompletedProcess(["bench", *map(str, args)], out["returncode"], out["stdout"],
-                                                       out["stderr"])
+    return Path(out["raw"]), subprocess.CompletedProcess(["bench", *map(str, args)], out["returncode"], out["stdout"],
+                                                         out["stderr"])
 
 
 def records(directory) -> list[dict]:

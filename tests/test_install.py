@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TINY, records
+from tests.conftest import REPO, records
 
 spec = importlib.util.spec_from_file_location("lockfile", REPO / "scripts" / "lockfile.py")
 lockfile = importlib.util.module_from_spec(spec)
@@ -86,48 +86,70 @@ def test_bad_install_switches_are_one_line(tmp_path):
     assert proc.returncode == 2 and "WHEELS=" in proc.stderr and "no such directory" in proc.stderr
 
 
+def torch_system_verify() -> dict:
+    """A TORCH=system environment built on the test's own interpreter, and in it ``python -m bench verify`` of the first
+    backend of every launcher that starts ranks (tests/test_verify.py's bit-for-bit check reads the same run), once a
+    session (tests/conftest.py, ``shared``): {"venv", "install": (exit code, stderr), "verify": (exit code, stdout,
+    stderr), "results"}. Its references run the in-process launcher, so every launcher starts ranks in the venv.
+
+    The base interpreter's console scripts first on PATH, as on the first GPU machine: this venv has no torchrun or
+    horovodrun of its own, and one found on PATH starts ranks in the base environment, which do not see the venv
+    (DeepSpeed, installed in the venv, was "not installed" in every ds_zero3 rank there)."""
+    from tests.test_verify import QUICK, one_backend_per_launcher
+
+    def build(folder: Path) -> dict:
+        venv = folder / "sysvenv"
+        install = run_install(venv, sys.executable, "system")
+        out = {"venv": str(venv), "install": [install.returncode, install.stderr], "verify": None,
+               "results": str(folder / "results")}
+        if install.returncode == 0:
+            env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+            verify = subprocess.run([str(venv / "bin" / "python"), "-m", "bench", "verify", "--backends",
+                                     ",".join(one_backend_per_launcher()), "--gpus", "2", *QUICK, "--results",
+                                     out["results"]], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+            out["verify"] = [verify.returncode, verify.stdout, verify.stderr]
+        return out
+
+    from tests.conftest import shared
+
+    got = shared("torch-system-verify", build)
+    assert got["install"][0] == 0, f"TORCH=system install failed: {got['install'][1]}"
+    return got
+
+
 @pytest.mark.slow
-def test_torch_system_builds_on_the_interpreter_s_torch_and_runs(tmp_path):
+def test_torch_system_builds_on_the_interpreter_s_torch_and_runs():
     """An interpreter that already has torch (here the test's own environment, a venv: the harder case, whose
     torch a --system-site-packages venv does not see): the new environment imports that torch, installs none, and
-    a run records torch_source "system"."""
-    venv = tmp_path / "sysvenv"
-    proc = run_install(venv, sys.executable, "system")
-    assert proc.returncode == 0, proc.stderr
+    its runs record torch_source "system", every rank in the venv whichever launcher started it."""
+    import torch
+
+    import backends
+
+    got = torch_system_verify()
+    venv = Path(got["venv"])
     py = venv / "bin" / "python"
     where = subprocess.run([str(py), "-c", "import torch, json, sys; print(json.dumps([torch.__file__, sys.prefix]))"],
                            capture_output=True, text=True, check=True)
     torch_file, prefix = json.loads(where.stdout)
-    import torch
-
     assert torch_file == torch.__file__ and prefix == str(venv)
     assert not list(venv.glob("lib/python*/site-packages/torch")), "TORCH=system must not install torch"
     assert (venv / ".torch-mode").read_text().strip() == "system"
     assert run_install(venv, sys.executable, "system").stdout == ""  # already done: nothing to do
-    results_dir = tmp_path / "raw"
-    # The base interpreter's console scripts first on PATH, as on the first GPU machine: this venv has no torchrun
-    # or horovodrun of its own, and one found on PATH starts ranks in the base environment, which do not see the
-    # venv (DeepSpeed, installed in the venv, was "not installed" in every ds_zero3 rank there).
-    env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     assert not (venv / "bin" / "torchrun").exists() and (Path(sys.executable).parent / "torchrun").exists()
-    # the first registered backend of every launcher (single, ddp, ddp_spawn, horovod), in one sweep (one harness
-    # start-up in the venv): --max-gpus 2 runs the in-process one at 1, the rest at 2
-    import backends
-
+    code, stdout, stderr = got["verify"]
+    assert code == 0, stdout + stderr
+    # the first registered backend of every launcher (single, ddp, ddp_spawn, horovod): verify's references are single
+    # in process at 1 (the reference and its twin), the rest run at 2
     first = {}
     for name, entry in backends.REGISTRY.items():
         first.setdefault(entry["launcher"], name)
-    run = subprocess.run([str(py), "-m", "bench", "run", "--backends", ",".join(first.values()), "--max-gpus", "2",
-                          *TINY, "--results", str(results_dir)], capture_output=True, text=True, timeout=600,
-                         cwd=REPO, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr
-    recs = {r["backend"]: r for r in records(results_dir)}
-    assert set(recs) == set(first.values()), sorted(recs)
-    assert {name: rec["world_size"] for name, rec in recs.items()} == {
-        name: 1 if entry == "inproc" else 2 for entry, name in first.items()}
-    for name, rec in recs.items():
-        assert rec["status"] == "ok", (name, rec["reason"])
+    recs = [r for r in records(Path(got["results"]) / "verify") if "backend" in r]  # not the summary
+    assert sorted(r["backend"] for r in recs) == sorted([first["inproc"], *first.values()]), sorted(recs)
+    for rec in recs:
+        name = rec["backend"]
+        assert rec["status"] == "ok" and rec["world_size"] == (1 if name == first["inproc"] else 2), (name, rec["reason"])
         assert rec["env"]["torch_source"] == "system" and rec["env"]["torch"] == torch.__version__
         # every rank, whichever launcher started it (in process, torchrun, mp.spawn, horovodrun), ran in this venv
         assert rec["env"]["python_prefix"] == str(venv)

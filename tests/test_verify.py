@@ -1,12 +1,14 @@
 """bench verify and the distributed evaluation: a backend of every launcher against a single-process reference (the
 list derived from the registry), injected faults caught by name, every evaluation sample counted exactly once."""
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
 import backends
 from bench.rank.evaluate import exact_shard
-from tests.conftest import bench, bench_inproc, cli_error
+from tests.conftest import bench_inproc, cli_error
 
 # Small and quick: what matters is that the arithmetic is compared, not how long it trains.
 QUICK = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--steps", "6",
@@ -36,10 +38,18 @@ def one_backend_per_launcher() -> list[str]:
 
 
 @pytest.mark.slow
-def test_distributed_backends_match_the_reference_bit_for_bit(tmp_path):
+def test_distributed_backends_match_the_reference_bit_for_bit():
+    """``python -m bench verify`` of one backend per launcher, as a user runs it: the run that tests/test_install.py's
+    TORCH=system environment makes (the same torch as this interpreter's; a verify launched there starts every launcher,
+    so one run feeds both tests, and a broken install fails both, saying so)."""
+    from tests.test_install import torch_system_verify
+
     chosen = one_backend_per_launcher()
     assert {"torchrun", "spawn"} <= {backends.REGISTRY[name]["launcher"] for name in chosen}, chosen
-    proc = bench("verify", "--backends", ",".join(chosen), "--gpus", 2, *QUICK, "--results", tmp_path)
+    got = torch_system_verify()
+    code, stdout, stderr = got["verify"]
+    proc = subprocess.CompletedProcess("bench verify", code, stdout, stderr)
+    tmp_path = Path(got["results"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = _summary(tmp_path)
     assert set(rows) == {(name, 2) for name in chosen}

@@ -3,6 +3,7 @@ single-process reference. The command, the comparison and the tolerances are in 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -78,7 +79,7 @@ def run_rank(spec: dict) -> None:
     evaluated = evaluate(backend, data.eval_dataset(cfg), backend.feed_batch)
     final = _flat(backend.full_parameters())  # every rank takes part where gathering is collective
     gathered = backend.all_gather({"losses": losses, "param_sha256": param_checksum(final.items()),
-                                   "eval": evaluated})
+                                   "eval": evaluated, "python_prefix": sys.prefix})
     if backend.rank == 0:
         path = Path(v["params_out"])
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,6 +91,7 @@ def run_rank(spec: dict) -> None:
         consistent = len({g["param_sha256"] for g in gathered}) == 1 if len(gathered) > 1 else None
         record.update(status="ok", task="verify", losses=per_step, replicas_consistent=consistent, verify=v,
                       backend_info=backend.describe(), threads_per_rank=spec["threads_per_rank"],
+                      rank_python_prefixes=[g["python_prefix"] for g in gathered],  # as a run's record (record.py)
                       finished_at=results.utc_now(), **eval_fields(gathered))
         results.save(record, spec["results_dir"])
     backend.barrier()

@@ -15,6 +15,7 @@ One sweep (a module fixture: one ``bench run`` per world size and set of flags) 
 backends' own checks on those records (``test_<backend>_...`` at the end, here because they need the sweep); their
 other tests sit beside this file (test_ddp.py, test_fsdp2.py, ...). tests/README.md says where a test goes."""
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,8 @@ def assert_ok_record(rec: dict, cfg) -> None:
                 "git_commit", "started_at"):
         assert key in rec["env"], key
     assert rec["env"]["cpu_count"] >= 1 and rec["env"]["torch"]
+    # every rank ran in the harness's environment, whichever launcher started it (tests/test_install.py: in a venv)
+    assert rec["rank_python_prefixes"] == [rec["env"]["python_prefix"]] * n == [sys.prefix] * n
     # the compute-only reference, measured in the same processes wherever there is a synchronisation to skip
     why = train.compute_only_reason(backend, cfg)
     co = rec["compute_only"]
