@@ -102,13 +102,13 @@ def shared(name: str, build) -> dict:
         return json.loads(done.read_text())
 
 
-def shared_run(name: str, *args, env=None) -> tuple[Path, subprocess.CompletedProcess]:
+def shared_run(name: str, *args) -> tuple[Path, subprocess.CompletedProcess]:
     """One ``bench_inproc(*args, "--results", folder)`` for the whole session, under ``name`` (``shared``): (its
     results folder, its output). Every asker must pass the same arguments: a second set is refused, not run."""
-    asked = json.dumps([list(map(str, args)), env or {}])
+    asked = json.dumps(list(map(str, args)))
 
     def build(folder):
-        proc = bench_inproc(*args, "--results", folder / "raw", env=env)
+        proc = bench_inproc(*args, "--results", folder / "raw")
         return {"asked": asked, "raw": str(folder / "raw"), "returncode": proc.returncode, "stdout": proc.stdout,
                 "stderr": proc.stderr}
 

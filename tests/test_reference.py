@@ -20,7 +20,7 @@ import torch
 
 from bench.core import reference, results, stats
 from bench.core.config import RunConfig
-from tests.conftest import REPO, cli_error, records, skip_without
+from tests.conftest import PHASE, REPO, cli_error, records, skip_without
 
 TWIN_IMPORTS = {"json", "sys", "time", "os", "importlib", "dataclasses", "inspect", "torch", "torch.nn.functional", "torchvision",
                 "backends.models.gpt", "bench.twins",  # bench.twins: loop.py (the step and windows), ddp.py's group
@@ -513,7 +513,7 @@ def _sweep(tmp):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    if os.environ.get("BENCH_TEST_PHASE") == "rest":  # make test's first pass: the sweep would run there too
+    if PHASE == "rest":  # make test's first pass: the sweep would run there too
         pytest.fail("the reference sweep runs in make test's quiet pass: mark every test that reads it @pytest.mark.quiet")
     return _sweep(tmp_path_factory.mktemp("reference"))
 
