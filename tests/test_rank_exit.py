@@ -36,3 +36,40 @@ def test_a_finished_rank_exits_0_even_when_finalisation_would_abort(tmp_path, st
                           timeout=120)
     assert proc.stdout == "task done: abort_at_exit\n", proc.stdout + proc.stderr
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
+
+
+# -- a rank's set-up without the cyclic garbage collector (bench/rank/startup.py) ----------------------------------------
+
+def _say_collector(spec: dict) -> None:
+    import gc
+
+    print(f"collector on in set-up: {gc.isenabled()}", flush=True)
+
+
+def test_a_spawned_rank_sets_up_with_the_collector_off(tmp_path):
+    """A torch.multiprocessing.spawn child starts as multiprocessing starts it, not through ``python -m bench.rank``
+    (tests/test_workloads.py checks that path and two tasks, in real runs): _spawned turns the collector off itself."""
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"task": "say_collector", "config": {"nnodes": 1}, "master_port": 29999}')
+    code = ("import json, sys\nfrom bench.rank import entry\n"
+            "entry.TASKS['say_collector'] = 'tests.test_rank_exit:_say_collector'\n" + _START["spawned"])
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_HARNESS"}
+    proc = subprocess.run([sys.executable, "-c", code, str(spec)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "collector on in set-up: False\n"), proc.stderr
+
+
+def test_every_task_turns_the_collector_back_on_before_its_steps():
+    """Each task function in bench.rank.entry.TASKS calls ``startup.done()`` (a task that forgot would time its loop
+    with the collector off); the train and verify tasks are also checked where their losses are computed
+    (tests/test_workloads.py)."""
+    import ast
+
+    from bench.rank import entry
+
+    for task, target in entry.TASKS.items():
+        module, _, func = target.partition(":")
+        tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
+        [fn] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == func]
+        calls = [ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+        assert "startup.done" in calls, f"task {task!r} ({target}) never calls startup.done()"

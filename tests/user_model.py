@@ -27,6 +27,29 @@ def regression():
     return {"model": model, "batch": batch, "loss": torch.nn.functional.mse_loss}
 
 
+def regression_watched():
+    """``regression``, saying whether Python's cyclic garbage collector was on when the harness built it (set-up) and
+    at each loss it computed (the steps, evaluation): a line per call, appended to $BENCH_TEST_GC_LOG as "PID WHAT ON
+    RANK", RANK "rank" in a rank process (``python -m bench.rank``). bench/rank/startup.py: off for set-up, on from
+    the first step."""
+    import gc
+    import os
+    import sys
+
+    where = "rank" if sys.argv[0].endswith(os.path.join("bench", "rank", "__main__.py")) else "other"
+
+    def note(what):
+        with open(os.environ["BENCH_TEST_GC_LOG"], "a") as f:
+            f.write(f"{os.getpid()} {what} {gc.isenabled()} {where}\n")
+
+    def loss(output, target):
+        note("loss")
+        return torch.nn.functional.mse_loss(output, target)
+
+    note("set-up")
+    return {**regression(), "loss": loss}
+
+
 def broken():
     """A factory that breaks the contract (no batch function): the run fails, and says why."""
     return {"model": torch.nn.Linear(2, 2)}

@@ -20,7 +20,7 @@ import torch
 
 from bench.core import cuda
 from bench.core.schedule import Schedule
-from bench.rank import lifeline
+from bench.rank import lifeline, startup
 
 
 def run_rank(spec: dict) -> None:
@@ -44,6 +44,7 @@ def run_rank(spec: dict) -> None:
         raise ValueError(f"{dataset['train_samples']} training samples make no step of {cfg.global_batch} (global batch)")
     schedule = Schedule.for_epochs(a["base_lr"], a["base_batch"], cfg.global_batch, a["scaling"], a["warmup_epochs"],
                                    a["max_epochs"], steps, a["decay"])
+    startup.done()  # the collector back on before the first epoch (bench/rank/startup.py)
     setup_seconds = time.perf_counter() - t_setup
 
     def sync():

@@ -9,6 +9,7 @@ from pathlib import Path
 from bench.core.comm import BUS_FACTOR, COLLECTIVES_SCHEMA
 from bench.core.config import RunConfig
 from bench.core.results import utc_now, write_json_atomic
+from bench.rank import startup
 
 
 def run_rank(spec: dict) -> None:
@@ -33,6 +34,7 @@ def run_rank(spec: dict) -> None:
     # smallest free memory of any rank decides for all (each rank deciding alone hangs when GPUs differ).
     free = min(backend.all_gather(_free_bytes(device)))
     left_out = [(op, size) for op in c["ops"] for size in c["sizes"] if _needs(op, size, n) > free]
+    startup.done()  # the collector back on before the first timed collective (bench/rank/startup.py)
     for op in c["ops"]:
         for size in c["sizes"]:
             if (op, size) in left_out:

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from bench.core.errors import DISK_FULL
 from bench.core.markers import DISK_FULL_EXIT, DISK_FULL_MARKER, OOM_EXIT, OOM_MARKER, oom_evidence
-from bench.rank import lifeline
+from bench.rank import lifeline, startup
 from bench.rank.memory import is_oom
 
 # task -> "module:function(spec)"; imported only when a rank runs it
@@ -30,6 +30,7 @@ TASKS = {"train": "bench.rank.train:run", "verify": "bench.rank.verify:run_rank"
 
 def _spawned(index: int, spec: dict, nprocs: int) -> None:
     # torch.multiprocessing.spawn passes the index; give DDP the same environment torchrun would.
+    startup.begin()  # torch is already imported here (unpickling this function did it); the backend's set-up is not
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs),
                       LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["master_port"]))
     guarded(spec)

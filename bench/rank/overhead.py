@@ -20,6 +20,7 @@ from pathlib import Path
 from bench.core.config import RunConfig
 from bench.core.overhead import OVERHEAD_SCHEMA
 from bench.core.results import utc_now, write_json_atomic
+from bench.rank import startup
 
 
 def patch_points() -> dict:
@@ -78,6 +79,7 @@ def run_rank(spec: dict) -> None:
         ready.append(backend)
         rows[name] = {"backend": name, "status": "ok", "reason": None, "cpu_s": [], "wall_s": [],
                       "patches": sorted(patch_name(k) for k in own[name])}
+    startup.done()  # the collector back on before the timed rounds (bench/rank/startup.py)
     for r in range(o["rounds"]):
         order = ready[r % len(ready):] + ready[:r % len(ready)] if ready else []  # who goes first rotates
         for backend in order:

@@ -18,6 +18,7 @@ import torch
 from bench.core import cuda
 from bench.core import peak as vocab
 from bench.core.results import utc_now, write_json_atomic
+from bench.rank import startup
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # square shapes (m = n = k), smallest first: large enough to reach the device's rate, few enough to take seconds
@@ -126,6 +127,7 @@ def run_rank(spec: dict) -> None:
     device = torch.device("cuda", 0) if cfg.device_type == "cuda" else torch.device("cpu")
     name = device_name(device, spec.get("env") or {})
     entries = []
+    startup.done()  # the collector back on before the first measurement (bench/rank/startup.py)
     for precision, tf32 in p["modes"]:
         k = vocab.key(cfg.device_type, name, torch.__version__, torch.version.cuda, precision, tf32,
                       spec["threads_per_rank"])

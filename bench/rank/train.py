@@ -21,7 +21,7 @@ from bench.core import cuda, results
 from bench.core.config import RunConfig
 from bench.core.markers import REFUSED_EXIT, REFUSED_MARKER
 from bench.rank import compiled as compile_probe
-from bench.rank import data, lifeline, peak
+from bench.rank import data, lifeline, peak, startup
 from bench.rank.energy import EnergyMeter, window_energy
 from bench.rank.evaluate import evaluate
 from bench.rank.faults import Fault
@@ -47,6 +47,7 @@ def run(spec: dict) -> None:
     fault.install(backend)
     backend.batches = data.batches_for(cfg, backend)
     waited = getattr(backend.batches, "wait_seconds", None) is not None  # real data: time the input waits
+    startup.done()  # the collector back on before warm-up (bench/rank/startup.py)
 
     def sync():
         for d in backend.devices():

@@ -11,6 +11,7 @@ import torch
 from backends import models
 from backends.base import Backend, build_model, device_for
 from bench.core import cuda
+from bench.rank import startup
 
 
 class Reference(Backend):
@@ -75,6 +76,7 @@ def run_rank(spec: dict) -> None:
     share = None if backend.launcher == "inproc" else data.shard_rank(backend)
     backend.batches = data.verify_batches(v["global_batch"], v["data_world"], v["steps"], cfg.image_size, cfg.seed,
                                           backend.data_device, share, models.for_config(cfg))
+    startup.done()  # the collector back on before the first step (bench/rank/startup.py)
     losses = [float(backend.step().float()) for _ in range(v["steps"])]
     evaluated = evaluate(backend, data.eval_dataset(cfg), backend.feed_batch)
     final = _flat(backend.full_parameters())  # every rank takes part where gathering is collective
