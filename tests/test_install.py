@@ -198,3 +198,23 @@ def test_make_test_runs_a_module_s_fixture_once_under_xdist(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     setups = sorted(line.split()[0] for line in (tmp_path / "setups.txt").read_text().splitlines())
     assert setups == ["a", "b"], (tmp_path / "setups.txt").read_text()
+
+
+def test_make_test_s_quiet_pass_collects_every_quiet_test_and_nothing_else():
+    """The second pass imports only the modules whose text marks a test quiet (tests/conftest.py
+    pytest_ignore_collect): what it collects is every test function whose decorators say ``mark.quiet``, read from
+    each module's syntax tree."""
+    import ast
+
+    marked = set()
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and any(
+                    ast.unparse(d).endswith("mark.quiet") for d in node.decorator_list):
+                marked.add(f"{path.relative_to(REPO)}::{node.name}")
+    env = {**os.environ, "BENCH_TEST_PHASE": "quiet"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", "tests"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    collected = {ln.split("[")[0] for ln in proc.stdout.splitlines() if "::" in ln}
+    assert marked and collected == marked, (collected, marked)
