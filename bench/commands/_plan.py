@@ -185,14 +185,15 @@ def parse_backends(text: str) -> list[str]:
 
 
 def check_model(name: str) -> None:
-    import torchvision
-
-
     if workloads.of(name).kind != "vision":  # gpt-<size> (of() checked the size) or package.module:factory
         module, _, factory = name.partition(":")
         if ":" in name and not (module and factory):
             raise UsageError(f"--model {name!r}: your own model is package.module:factory")
         return
+    if name in workloads.SMALL_CNNS:
+        return
+    import torchvision  # here only: its import (torch._dynamo's with it) is a second of a command's start-up
+
     valid = torchvision.models.list_models(module=torchvision.models) + list(workloads.SMALL_CNNS)
     if name not in valid:
         raise UsageError(f"--model {name!r}: unknown model; choose a torchvision classification model ({', '.join(valid)}), "
