@@ -9,6 +9,7 @@ in-process tests are in its own file (test_fsdp2.py, test_deepspeed.py, ...)."""
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -180,12 +181,38 @@ PARTS = {"fsdp2_compute_only": _fsdp2_compute_only_with_a_scaler, "fsdp2_held": 
          "fsdp2_groups": _fsdp2_norm_groups_and_compile, "ddp_zero": _ddp_zero, "ds_zero2": _ds_zero2_bf16}
 
 
-def _rank_main(rank: int, ports: list[int], out: str) -> None:
+RANKS_TIMEOUT_S = 300  # a guard against a hang only: the two ranks take 20-40 s on this 2-core VM beside the other worker
+
+
+def _port(name: str, rank: int, out: str) -> int:
+    """A part's rendezvous port (a fresh one per process group: reusing one hung DDP's init): rank 0 asks the kernel
+    for a free port as the part starts and leaves it in a file for rank 1. Ports the parent picked before the spawn
+    waited up to a minute for their part while the other test worker's runs opened and closed hundreds of sockets;
+    one `make test` here hung in this fixture until pytest's 600-s timeout, a rank still waiting on its store."""
+    path = Path(out, f"port-{name}")
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        Path(out, f".port-{name}").write_text(str(port))
+        Path(out, f".port-{name}").rename(path)  # whole or absent for rank 1
+        return port
+    deadline = time.monotonic() + RANKS_TIMEOUT_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 never chose a port for {name}")
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def _rank_main(rank: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
     torch.set_num_threads(1)
     seen = {}
-    for (name, part), port in zip(PARTS.items(), ports):
-        os.environ["MASTER_PORT"] = str(port)  # a fresh rendezvous per process group (reusing one hung DDP's init)
+    for name, part in PARTS.items():
+        with open(Path(out, f"rank{rank}.progress"), "a") as f:
+            f.write(f"{name}\n")  # what a hang was in, should the fixture's deadline pass
+        os.environ["MASTER_PORT"] = str(_port(name, rank, out))
         try:
             seen[name] = part(rank)
         except Exception as e:  # noqa: BLE001 - one part failing must not hide the others
@@ -197,12 +224,15 @@ def _rank_main(rank: int, ports: list[int], out: str) -> None:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("fairness")
-    ports = []
-    for _ in PARTS:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    torch.multiprocessing.spawn(_rank_main, args=(ports, str(out)), nprocs=2, join=True)
+    ranks = torch.multiprocessing.spawn(_rank_main, args=(str(out),), nprocs=2, join=False)
+    deadline = time.monotonic() + RANKS_TIMEOUT_S
+    while not ranks.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ranks.processes:
+                p.kill()
+            last = [(out / f"rank{r}.progress").read_text().split()[-1:] if (out / f"rank{r}.progress").exists()
+                    else [] for r in (0, 1)]
+            pytest.fail(f"the two ranks did not finish in {RANKS_TIMEOUT_S} s; the part each was in: {last}")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
