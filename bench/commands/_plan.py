@@ -192,7 +192,7 @@ def check_model(name: str) -> None:
         return
     if name in workloads.SMALL_CNNS:
         return
-    import torchvision  # here only: its import (torch._dynamo's with it) is a second of a command's start-up
+    import torchvision  # here only: a GPT, a user's model or cnn-tiny does not need its model list
 
     valid = torchvision.models.list_models(module=torchvision.models) + list(workloads.SMALL_CNNS)
     if name not in valid:
