@@ -4,8 +4,8 @@ interval in the record, the report and the verdict.
 
 The twin's sameness is checked in this process (the same weights, batch, optimizer settings and loss as the harness
 builds); the arithmetic, the interleaving and the report on made-up records; one real sweep on the CPU shows the
-figure reads about 0 for single and sees a 20% delay injected into dp's step (BENCH_FAULT slow20), see
-``test_a_twenty_percent_delay_is_seen_and_single_reads_about_zero``."""
+figure reads single near its twin and sees a 50% delay injected into dp's step (BENCH_FAULT slow50), see
+``test_a_fifty_percent_delay_is_seen_and_single_reads_near_its_twin``."""
 import ast
 import contextlib
 import importlib
@@ -289,10 +289,10 @@ def test_the_slow_fault_burns_five_percent_more_cpu_time_inside_the_step():
     fault.install(single)
     assert dp.step is not step and single.step is step  # only the backend named
     now[0] = 0.0
-    [twenty] = faults.Fault.parse("dp/slow20@rank0").faults  # slowN: N% (the sweep below uses 20%)
-    assert (twenty.kind, twenty.share) == ("slow", 0.2)
-    faults.slowed(step, twenty.share, clock=clock)()
-    assert now[0] == pytest.approx(2.4, abs=0.005)  # the 2 s step, then 20% of it more
+    [fifty] = faults.Fault.parse("dp/slow50@rank0").faults  # slowN: N% (the sweep below uses 50%)
+    assert (fifty.kind, fifty.share) == ("slow", 0.5)
+    faults.slowed(step, fifty.share, clock=clock)()
+    assert now[0] == pytest.approx(3.0, abs=0.005)  # the 2 s step, then 50% of it more
 
 
 # -- the sweep: where the twins go, and what the records get -----------------------------------------------------------
@@ -471,15 +471,16 @@ def _release(pid: int) -> None:
 
 
 def _sweep(tmp):
-    """single and dp (each step 20% slower: BENCH_FAULT dp/slow20) beside their twin, 3 interleaved repetitions; gpt-tiny
+    """single and dp (each step 50% slower: BENCH_FAULT dp/slow50) beside their twin, 3 interleaved repetitions; gpt-tiny
     at 1 thread (~0.2 s of CPU per window); ``python -m bench run`` in a process of its own at real-time priority on
     one core (SCHED_RR), which every run and twin inherits.
 
     Why: CPU time is what the overhead reads on CPUs, and on this shared 2-core VM (load average 7 to 9 from other
     suites) the CPU time of one unchanged run moved by 5-8% from one process to the next under time-sharing: the
-    cache refills after every preemption (about one every 5 ms) are counted as the run's CPU time. A delay of a
-    few percent cannot be told from that with a few runs. At real-time priority on one core no other process preempts the run, and the same
-    runs agreed within 1-2%. SCHED_RR, not SCHED_FIFO: at FIFO two threads of one process on one core can wait on each
+    cache refills after every preemption (about one every 5 ms) are counted as the run's CPU time. At real-time
+    priority on one core no other process preempts the run, and the same runs agreed within 1-2% on a quiet machine
+    then; they no longer do here (the machine's own speed drifts by up to 20% over seconds: the test's docstring), but
+    preemption's share of the noise stays out. SCHED_RR, not SCHED_FIFO: at FIFO two threads of one process on one core can wait on each
     other for ever (the harness once spun in the kernel for 25 minutes, unkillable by SIGKILL, while its other thread, which it
     waited for, never ran); RR gives each its turn. Without the permission (not root, RLIMIT_RTPRIO 0) the test is
     skipped with that reason; past SWEEP_TIMEOUT_S the tree is put back to time-sharing and killed, and the test
@@ -492,7 +493,7 @@ def _sweep(tmp):
                     f"CPU time moves by 5-8% from run to run, too much for the sweep's control to hold): {e}")
     tmp.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
-    env.update(BENCH_FAULT="dp/slow20@rank0", BENCH_PEAK_CACHE=str(tmp / "peak"), OMP_WAIT_POLICY="PASSIVE")
+    env.update(BENCH_FAULT="dp/slow50@rank0", BENCH_PEAK_CACHE=str(tmp / "peak"), OMP_WAIT_POLICY="PASSIVE")
     args = ["run", "--backends", "single,dp", "--gpus", "1", "--device", "cpu", "--model", "gpt-tiny", "--seq-len",
             "64", "--batch-size", "4", "--warmup", "2", "--steps", "2", "--windows", "5", "--repeat", "3",
             "--reference", "--results", str(tmp / "raw")]
@@ -520,19 +521,24 @@ def sweep(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.quiet  # make test runs it after the rest, alone: beside another worker's runs its control missed
-def test_a_twenty_percent_delay_is_seen_and_single_reads_about_zero(sweep):
-    """The tolerance: single within 4% of its twin, dp (20% more CPU time per step: 1 - 1/1.2 = 16.7%) 10 to 25 points
-    above single. It was a 5% delay, 2 to 12 points, until that proved below what 3 repetitions resolve here: CI read
-    (single, dp) +0.7, +0.1 with the delay, and a sweep without it passed; the history below is of the 5% test.
-    With 5%: Three sweeps at SCHED_FIFO (now SCHED_RR) beside load average 7-9 read single -0.9, -1.8, -2.5% and dp - single
-    +9.5, +5.5, +5.8 points; each configuration's figure is the median of 3 runs against the median of 3 twins.
+def test_a_fifty_percent_delay_is_seen_and_single_reads_near_its_twin(sweep):
+    """The tolerance: dp (50% more CPU time per step: 1 - 1/1.5 = 33.3%) 20 to 50 points above single (dp - single:
+    both are read against the same three twins, and each dp run follows its single run, so the machine's drift mostly
+    cancels there), and single within 30% of its twin (a gross-error check: a harness that times other work than its
+    twin, another batch, model or steps per window, reads 30% or more).
 
-    single is the control: a sweep whose single misses its 4% was disturbed beyond what a core of its own prevents
-    (in the full suite the other test worker runs on this VM's other vCPU, which can share the physical core: one
-    sweep in three read single +7.0% and dp +4.4%), so one more sweep is taken, at most two more. A sweep whose control
-    held can still miss the delay by noise: that too takes one more sweep, at most two more. The test passes on the
-    first sweep where both hold, and fails naming every sweep's pair. A broken delay fails: dp then reads within about
-    5 points of single in every sweep, never the 10 the test asks for."""
+    Sized on what one sweep of 3 repetitions resolves on this 2-core VM (docs/close-to-the-machine.md, "How the delay
+    test is sized"): the machine's speed drifts by up to 20% over seconds, so the CPU time of the same run moves by that
+    much from one process to the next (one sweep's twins: 247, 318, 301 ms per window), and single's figure read -18.6
+    to +12.0% in 16 sweeps, CI's included (it read -6.1, -8.3 and +6.0 in one make test, when the control was 4%). dp -
+    single, with a 20% delay (16.7 points expected), read 9.9 to 23.2 in 6 sweeps; with the delay switched off, 0.9,
+    2.7 and 1.4 in 3. At 50% it read 30.6, 33.9 and 40.4 (a spin after each step also slows the step itself a little:
+    the figure reads a few points above 33.3). A broken delay (0 points) fails by 4 standard deviations. A harness a
+    few percent slower than its twin is what ``bench run --reference`` with more repetitions resolves, on a quieter
+    machine (its interval says how far), not what one sweep of 3 on this VM can.
+
+    A sweep that misses either is followed by another, at most two more; the test passes on the first sweep where both
+    hold, and fails naming every sweep's pair."""
     from bench.commands.report.summary import summarise, usable_records
 
     tmp, proc = sweep
@@ -544,10 +550,10 @@ def test_a_twenty_percent_delay_is_seen_and_single_reads_about_zero(sweep):
         single, dp = rows["single"]["harness_overhead_pct"], rows["dp"]["harness_overhead_pct"]
         assert rows["single"]["overhead_timing"] == "CPU time" and rows["single"]["twin_runs"] == 3
         seen.append((round(single, 1), round(dp, 1)))
-        if abs(single) <= 4.0 and 10.0 <= dp - single <= 25.0:
+        if abs(single) <= 30.0 and 20.0 <= dp - single <= 50.0:
             break
-    assert abs(single) <= 4.0 and 10.0 <= dp - single <= 25.0, (
-        f"no sweep both kept single within 4% of its twin and saw the 20% delay as 10 to 25 points on dp; "
+    assert abs(single) <= 30.0 and 20.0 <= dp - single <= 50.0, (
+        f"no sweep both kept single within 30% of its twin and saw the 50% delay as 20 to 50 points on dp; "
         f"(single, dp) per sweep: {seen}")
     assert "Harness vs its plain twin (1 - harness / twin; > 0: the harness is slower; " in proc.stdout
     assert "seq/CPU-s in the harness vs " in proc.stdout  # issue 47: the rates it is computed from, CPU time said

@@ -17,7 +17,7 @@
                               (a kernel hang, a partition); the test that injects it kills the frozen processes
     Both wait 1.5 s before acting, so the node's last heartbeat carries the phase it died in.
     slow@rank0           every training step of that rank burns SLOW_SHARE (5%) more CPU time after it, in a busy
-                         loop inside the step (a harness that got 5% slower); ``slowN``: N% (``slow20@rank0``: 20%,
+                         loop inside the step (a harness that got 5% slower); ``slowN``: N% (``slow50@rank0``: 50%,
                          what tests/test_reference.py makes ``bench run --reference`` see)
     watchdog-abort@rank0      once a training step of this rank fails (its peer died), the process is taken down as
                               NCCL's watchdog does (TORCH_NCCL_ASYNC_ERROR_HANDLING 1 or 3): SIGABRT from a thread
