@@ -8,7 +8,6 @@ up, stepped and torn down in turn, every rank writing what it saw; the tests ass
 in-process tests are in its own file (test_fsdp2.py, test_deepspeed.py, ...)."""
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import torch
 import backends
 from backends import fsdp2 as fsdp2_module
 from bench.core.config import RunConfig
+from bench.core.results import write_json_atomic
+from bench.launch.run import free_port
 from bench.rank import data, entry, record
 
 
@@ -189,20 +190,17 @@ def _port(name: str, rank: int, out: str) -> int:
     for a free port as the part starts and leaves it in a file for rank 1. Ports the parent picked before the spawn
     waited up to a minute for their part while the other test worker's runs opened and closed hundreds of sockets;
     one `make test` here hung in this fixture until pytest's 600-s timeout, a rank still waiting on its store."""
-    path = Path(out, f"port-{name}")
+    path = Path(out, f"port-{name}.json")
     if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        Path(out, f".port-{name}").write_text(str(port))
-        Path(out, f".port-{name}").rename(path)  # whole or absent for rank 1
+        port = free_port()
+        write_json_atomic(port, path)  # whole or absent for rank 1
         return port
     deadline = time.monotonic() + RANKS_TIMEOUT_S
     while not path.exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"rank 0 never chose a port for {name}")
         time.sleep(0.05)
-    return int(path.read_text())
+    return json.loads(path.read_text())
 
 
 def _rank_main(rank: int, out: str) -> None:
