@@ -6,7 +6,9 @@ themselves are half, so norms and the residual stream are too: smaller activatio
 have nothing to do with sharding. The report and the verdict compare only runs whose numerics agree.
 
 Measured, not declared: a TorchDispatchMode sees every aten operation of the step's forward (after autocast has cast
-its inputs) and notes the dtype of its first floating-point input; a forward hook on each block notes the dtype of
+its inputs) and notes the dtype it computes in: its first floating-point input's, or float32 where a softmax is
+asked to compute and return float32 from a half input (``half_to_float``: CUDA's ``log_softmax(x, dtype=float32)`` of
+fp16 ``x``, the same arithmetic as an upcast before it); a forward hook on each block notes the dtype of
 what the block returns (the residual stream). Not under ``--compile``: compiled kernels bypass the dispatcher."""
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ OPS = {
 }
 CATEGORY = {op: cat for cat, ops in OPS.items() for op in ops}
 NORM_PARAMS = "norm_params"  # the norms' weights: FSDP2 keeps BatchNorm's fp32 under a half policy
+HALF_TO_FLOAT = ("_softmax", "_log_softmax")  # (input, dim, half_to_float): True computes and returns float32
 
 
 class _Probe(TorchDispatchMode):
@@ -39,7 +42,8 @@ class _Probe(TorchDispatchMode):
         if cat is not None:
             floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
             if floats:
-                self.seen.setdefault(cat, set()).add(_name(floats[0].dtype))
+                upcast = func.overloadpacket.__name__ in HALF_TO_FLOAT and len(args) > 2 and args[2] is True
+                self.seen.setdefault(cat, set()).add(_name(torch.float32 if upcast else floats[0].dtype))
             if cat == "norm" and len(floats) > 1:  # (input, weight, ...)
                 self.seen.setdefault(NORM_PARAMS, set()).add(_name(floats[1].dtype))
         return func(*args, **(kwargs or {}))
