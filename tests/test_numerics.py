@@ -57,13 +57,41 @@ def _probe_every_case(rank: int, port: int, out: str) -> None:
             try:
                 b.setup(cfg)
                 b.batches = data.batches_for(cfg, b)
+                calls, loss = [], b.workload.loss
+
+                def watched(outputs, targets, calls=calls, loss=loss):  # how the loss is called: autocast, logits
+                    calls.append((torch.is_autocast_enabled("cpu"), str(outputs.dtype).removeprefix("torch.")))
+                    return loss(outputs, targets)
+
+                b.workload.loss = watched
                 b.train(1)
                 got = probe(b)
                 info = b.describe()
                 seen[key] = {"numerics": got, "signature": got["signature"], "loss_scale": b.loss_scale(),
-                             **{k: info.get(k) for k in INFO}}
+                             "loss_call": list(calls[-1]), **{k: info.get(k) for k in INFO}}
             except Exception as e:  # noqa: BLE001 - one case failing must not hide the others
                 seen[key] = {"crashed": f"{type(e).__name__}: {e}"}
+    # DeepSpeed's plain twin (bench/twins/ds_zero.py): its loss called as the backend's (on this process's group)
+    from bench.twins import ddp as twin_ddp
+    from bench.twins import ds_zero as twin
+
+    twin_ddp.init = lambda device: None
+
+    cfg = RunConfig(backend="ds_zero2", launcher="torchrun", world_size=1, device_type="cpu", model="gpt-micro",
+                    image_size=None, seq_len=16, batch_size=2, warmup=2, steps=1, windows=1, precision="bf16").validate()
+    c = {"precision": "bf16", "channels_last": False,
+         "loop": {"name": "ds_zero", "config": backends.create("ds_zero2").config(cfg, 1)[2]}}
+    model = torch.nn.Linear(8, 4)
+    _, _, _, step = twin.wrap(c, model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"))
+    calls = []
+
+    def loss_of(net):
+        logits = net(torch.randn(2, 8))
+        calls.append([torch.is_autocast_enabled("cpu"), str(logits.dtype).removeprefix("torch.")])
+        return torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1]))
+
+    step(loss_of)
+    seen["twin: ds_zero2 (bf16 loss call)"] = {"loss_call": calls[-1]}
     Path(out).write_text(json.dumps(seen))
 
 
@@ -82,9 +110,14 @@ def probed(tmp_path_factory):
 def test_every_backend_computes_what_single_computes_at_bf16_by_default(probed):
     got = {name: probed[f"{name} {{}} bf16"] for name in ("single", "ddp", "fsdp2", "ds_zero2")}
     assert all("crashed" not in v for v in got.values()), got
+    assert probed["twin: ds_zero2 (bf16 loss call)"]["loss_call"] == [True, "bfloat16"]  # its plain twin, as the backend
     for name, seen in got.items():
         assert {k: seen["numerics"][k] for k in AUTOCAST} == AUTOCAST, name
         assert seen["numerics"]["signature"] == signature(AUTOCAST), name
+        # the loss under autocast on the half logits, as single computes it: on CUDA its log_softmax then runs in the
+        # half dtype (an H100 read DeepSpeed's loss, on .float() logits outside autocast, as float32 where single's
+        # was mixed); on a CPU autocast runs it in fp32 either way, so the call itself is what is checked here
+        assert seen["loss_call"] == [True, "bfloat16"], name
     assert got["fsdp2"]["mixed_precision"] == "autocast (fp32 parameters, fp32 gradient reduction)"
     assert got["ds_zero2"]["mixed_precision"] == "torch_autocast (fp32 parameters, fp32 gradient reduction)"
     for name in ("fsdp2", "ds_zero2"):
@@ -103,6 +136,8 @@ def test_fsdp2_and_deepspeed_match_singles_numerics_by_default_and_differ_only_w
     assert got["fsdp2 {}"]["signature"] == got["ds_zero2 {}"]["signature"] == single
     assert got['fsdp2 {"fsdp_mp": "params"}']["signature"] == signature(HALF, half)
     assert got['ds_zero2 {"ds_mp": "params"}']["signature"] == signature(HALF, half)
+    assert got['ds_zero2 {"ds_mp": "params"}']["loss_call"] == [False, "float32"]  # DeepSpeed's own half model
+    assert got["ds_zero2 {}"]["loss_call"] == got["single {}"]["loss_call"] == [True, half]
     for case, seen in got.items():  # fp16: a loss scaler in every mode; the optimizer fused wherever torch has it
         assert (seen["loss_scale"] is not None) is (precision == "fp16"), case
         assert seen["optimizer_impl"] == "fused", case
@@ -129,3 +164,24 @@ def test_the_verdict_compares_only_backends_that_compute_alike(tmp_path):
     assert run_report(write(tmp_path / "same", *recs), tmp_path / "rep2")[0] == 0
     assert "**Use fsdp2: faster than every alternative beyond the 95% intervals.**" in (tmp_path / "rep2" /
                                                                                         "REPORT.md").read_text()
+
+
+def test_a_softmax_asked_for_float32_from_half_logits_reads_float32():
+    """On CUDA, log_softmax of fp16 logits at dtype float32 is one _log_softmax(half, half_to_float=True) that computes
+    and returns float32: the arithmetic of an upcast before it, read as float32, not as the half input. (Autocast's own
+    cross-entropy does not ask for it: on an H100 it ran log_softmax in the half dtype, which the probe reads as such.)
+    Read here on fake CUDA tensors (no GPU behind them): the dispatch the probe sees is CUDA's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench.rank.numerics import _Probe
+
+    with FakeTensorMode():
+        logits = torch.empty(4, 10, device="cuda", dtype=torch.float16)
+        upcast, half = _Probe(), _Probe()
+        with upcast:
+            out = torch.log_softmax(logits, 1, dtype=torch.float32)
+        with half:
+            torch.log_softmax(logits, 1)
+    assert out.dtype == torch.float32 and out.device.type == "cuda"
+    assert upcast.seen == {"loss": {"float32"}}
+    assert half.seen == {"loss": {"float16"}}

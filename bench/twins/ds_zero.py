@@ -11,7 +11,7 @@ from bench.twins import ddp
 
 def wrap(c, model, optimizer, device):
     """The engine (called like the model), its optimizer, no autocast of the loop's own (the engine's config has it),
-    and the engine's step."""
+    and the engine's step, its loss under the engine's autocast dtype (as the backend computes it, and single)."""
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     if device.type == "cpu":  # before deepspeed is imported: its CPU accelerator, and torch's own CUDA check (import
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # deepspeed sets the NVML one, which reloads libnvidia-ml
@@ -27,12 +27,15 @@ def wrap(c, model, optimizer, device):
                                                    dist_init_required=False)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
     cast = half if c["loop"]["config"].get(c["precision"], {}).get("enabled") else None  # fp16/bf16 sections
+    autocast = c["loop"]["config"]["torch_autocast"]["enabled"]  # the loss under it too, as the backend computes it
 
     def net(x):
-        return engine(x.to(cast) if cast is not None and x.is_floating_point() else x).float()
+        out = engine(x.to(cast) if cast is not None and x.is_floating_point() else x)
+        return out if autocast else out.float()
 
     def step(loss_of):
-        loss = loss_of(net)
+        with torch.autocast(device.type, dtype=half, enabled=autocast):
+            loss = loss_of(net)
         engine.backward(loss)
         engine.step()  # the optimizer step and zero_grad
 
