@@ -326,6 +326,18 @@ def skip_without(*what: str) -> None:
             pytest.skip(problem)
 
 
+def skip_missing(backend: str, loader: str | None, reason: str) -> None:
+    """A run (or a launch) skipped here: a failure where the missing dependency is required (``skip_without``), else a
+    skip with its reason."""
+    if backend == "horovod":
+        skip_without("horovod")
+    elif backend.startswith("ds_"):
+        skip_without("deepspeed")
+    elif loader == "dali":
+        skip_without("dali")
+    pytest.skip(reason)
+
+
 # The GPU check's launch plan (bench/commands/_gpu_plan.py): the `gpu` tests start no runs of their own, they read the
 # plan's records. Under `bench doctor` the plan already ran and BENCH_GPU_PLAN_DIR names its folder; under a plain
 # `pytest -m gpu` the first test that asks runs it there, once for every xdist worker (they inherit this variable from
@@ -341,7 +353,8 @@ class GpuPlan:
 
     def launch(self, name: str) -> dict:
         """A launch's manifest entry; skips the test when the plan has no such launch (two GPUs needed, another
-        doctor --backends) or the budget left it out."""
+        doctor --backends), the budget left it out, or every run of it would be skipped here (the plan did not start
+        it: a backend or loader missing, with its reason)."""
         from bench.commands import _gpu_plan
 
         got = self.manifest["launches"].get(name)
@@ -349,6 +362,10 @@ class GpuPlan:
             pytest.skip(f"launch {name} is not in this plan")
         if got["status"] == _gpu_plan.NOT_RUN:
             pytest.skip(f"launch {name}: {_gpu_plan.NOT_RUN}")
+        if got["status"] == _gpu_plan.SKIPPED:
+            argv = got["argv"]
+            loader = argv[argv.index("--loader") + 1] if "--loader" in argv else None
+            skip_missing(got["backends"][0] if got["backends"] else "", loader, got["reason"])
         return got
 
     def records(self, name: str) -> list[dict]:
@@ -369,13 +386,7 @@ class GpuPlan:
         assert len(runs) == 1, [(r["backend"], r["precision"]) for r in runs]
         rec = runs[0]
         if rec["status"] == "skipped":
-            if rec["backend"] == "horovod":
-                skip_without("horovod")
-            elif rec["backend"].startswith("ds_"):
-                skip_without("deepspeed")
-            elif rec.get("loader") == "dali":
-                skip_without("dali")
-            pytest.skip(rec["reason"])
+            skip_missing(rec["backend"], rec.get("loader"), rec["reason"])
         assert rec["status"] == "ok", rec["reason"]
         return rec
 

@@ -109,19 +109,57 @@ def test_the_plan_runs_launches_at_once_on_their_own_cores_and_leaves_out_what_t
     quick = gpu_plan.Launch("quick", ("run", "--backends", "nope"), "an unknown backend", ("single",), "bf16")
     bad = gpu_plan.Launch("bad", ("run", "--gpus", "0"), "a bad world size")
     late = gpu_plan.Launch("late", ("run",), "never started")
+    missing = gpu_plan.Launch("missing", ("run", "--backends", "horovod"), "a backend this machine lacks", ("horovod",))
     said = []
     start = time.monotonic()
-    manifest = gpu_plan.run([quick, bad, late], tmp_path, jobs=2, deadline=start + 0.1, say=said.append, cpus=cpus)
+    why = lambda argv: "horovod is not installed (make horovod)" if "horovod" in argv else None  # noqa: E731
+    manifest = gpu_plan.run([quick, bad, missing, late], tmp_path, jobs=2, deadline=start + 0.1, say=said.append,
+                            cpus=cpus, skip=why)
     assert manifest["complete"] is True and manifest["jobs"] == min(2, len(cpus))
     got = manifest["launches"]
     assert got["quick"]["status"] == "failed" and got["quick"]["rc"] == 2 and got["bad"]["status"] == "failed"
     assert got["late"]["status"] == gpu_plan.NOT_RUN
     assert "unknown backend" in Path(got["quick"]["log"]).read_text()
     assert got["quick"]["command"].startswith("python -m bench run --backends nope --results")
-    assert sorted(got[n]["cpus"][0] for n in ("quick", "bad")) == list(range(min(2, len(cpus))))
+    jobs = min(2, len(cpus))
+    assert sorted(got[n]["slot"] for n in ("quick", "bad")) == list(range(jobs))
+    assert all(got[n]["cpus"] == cpus[got[n]["slot"]::jobs] for n in ("quick", "bad"))
+    # a launch whose every run would be skipped here is not started, with its reason
+    assert {k: got["missing"][k] for k in ("status", "reason", "rc", "slot", "cpus")} == {
+        "status": gpu_plan.SKIPPED, "reason": "horovod is not installed (make horovod)", "rc": None, "slot": None,
+        "cpus": []}
+    assert not Path(got["missing"]["log"]).exists()
+    assert "[plan] missing: skipped (horovod is not installed (make horovod))" in said
     assert json.loads((tmp_path / gpu_plan.MANIFEST).read_text()) == manifest
     assert any(line.startswith("[plan] quick: started") for line in said)
     assert (tmp_path / "imagenet" / "train").is_dir()  # the decode launches' folder
+
+
+def test_a_launch_bench_run_would_refuse_as_nothing_to_run_is_known_before_it_starts(monkeypatch, tmp_path):
+    """The H100 at b7f3632 started horovod-bf16, horovod-fp16 and decode-dali on a machine with no Horovod build and no
+    DALI: each exited 2 ("nothing to run"), and the table called them failed and their tests failed. The plan now asks
+    bench run's own planner first, on the fake GPU machine's device count."""
+    from backends import horovod
+    from bench.rank import loaders
+
+    fake_cuda(monkeypatch, 1)
+    monkeypatch.setattr(horovod, "problem", lambda: "horovod is not installed (make horovod)")
+    monkeypatch.setattr(loaders, "unavailable", lambda name: "NVIDIA DALI is not installed (pip install x)"
+                        if name == "dali" else None)
+    data = gpu_plan.image_tree(tmp_path / "imagenet")
+    plan = {x.name: list(x.argv) for x in gpu_plan.launches(1, ["single", "horovod"], data_dir=str(data))}
+    assert gpu_plan.skip_reason(plan["horovod-bf16"]) == "horovod is not installed (make horovod)"
+    assert gpu_plan.skip_reason(plan["decode-dali"]) == "NVIDIA DALI is not installed (pip install x)"
+    assert gpu_plan.skip_reason(plan["single-bf16"]) is None
+    assert gpu_plan.skip_reason(plan["decode-torchvision"]) is None
+    assert gpu_plan.skip_reason(plan["verify-1"]) is None  # no bench run: verify skips its own rows
+    assert gpu_plan.skip_reason(["run", "--backends", "nope"]) is None  # refused: the launch says why itself
+    from backends import deepspeed_zero
+
+    monkeypatch.setattr(deepspeed_zero, "problem", lambda: "deepspeed is not installed")
+    both = ["run", "--backends", "horovod,ds_zero1", "--gpus", "1", *gpu_plan.GPU_RUN]
+    assert gpu_plan.skip_reason(both) == ("horovod: horovod is not installed (make horovod); "
+                                          "ds_zero1: deepspeed is not installed")
 
 
 # -- the fixture: the plan once for every xdist worker ------------------------------------------------------------
@@ -234,17 +272,19 @@ def test_a_run_cut_by_its_budget_keeps_every_reason_and_names_the_running_and_ne
 # -- the table ---------------------------------------------------------------------------------------------------
 
 def plan_folder(tmp_path, launches: dict, recs: dict) -> Path:
-    """A plan's folder built by hand: the manifest's launches and each launch's records."""
+    """A plan's folder built by hand: the manifest's launches ((launch, status) or (launch, status, reason)) and each
+    launch's records."""
     folder = tmp_path / "plan"
     manifest = {"schema": 1, "complete": True, "launches": {}}
-    for name, (launch, status) in launches.items():
+    for name, (launch, status, *why) in launches.items():
         (folder / name).mkdir(parents=True, exist_ok=True)
         log = folder / f"{name}.log"
         log.write_text("bench: error: --device cuda: no CUDA device is visible here\n" if status == "failed" else "")
         manifest["launches"][name] = {"argv": list(launch.argv), "what": launch.what, "backends": list(launch.backends),
                                       "column": launch.column, "trees": launch.trees, "env": dict(launch.env),
                                       "results": str(folder / name), "log": str(log), "command": launch.shell(),
-                                      "status": status, "rc": 0 if status == "ok" else 2, "seconds": 1.0, "cpus": [0]}
+                                      "status": status, "reason": why[0] if why else None,
+                                      "rc": 0 if status == "ok" else 2, "seconds": 1.0, "slot": 0, "cpus": [0]}
         for i, r in enumerate(recs.get(name, [])):
             (folder / name / f"r{i}.json").write_text(json.dumps(r))
     (folder / "plan.json").write_text(json.dumps(manifest))
@@ -265,16 +305,15 @@ def test_the_table_has_a_row_per_backend_groups_identical_failures_and_names_wha
     launches = {n: (x, "ok") for n, x in plan.items()}
     launches["fsdp2-fp16"] = (plan["fsdp2-fp16"], "failed")  # its harness stopped before any record
     launches["verify-2"] = (plan["verify-2"], gpu_plan.NOT_RUN)
+    missing = "horovod is not installed (make horovod)"  # the plan did not start them (bench run would refuse them)
+    launches["horovod-bf16"] = (plan["horovod-bf16"], gpu_plan.SKIPPED, missing)
+    launches["horovod-fp16"] = (plan["horovod-fp16"], gpu_plan.SKIPPED, missing)
     recs = {"single-bf16": [ok_record("single")], "single-fp16": [ok_record("single", "fp16")],
             "ddp-bf16": [ok_record("ddp")], "ddp-fp16": [{**ok_record("ddp", "fp16"), "status": "failed",
                                                           "reason": driver}],
             "ddp-2ranks": [{**ok_record("ddp"), "status": "failed", "reason": driver.replace("2fb81a", "9c0d1e")}],
             "fsdp2-bf16": [{**ok_record("fsdp2"), "memory": [{**ok_record("x")["memory"][0],
                                                               "warmup_peak_allocated_bytes": GiB}]}],
-            "horovod-bf16": [{"backend": "horovod", "status": "skipped", "precision": "bf16",
-                              "reason": "horovod is not installed (make horovod)"}],
-            "horovod-fp16": [{"backend": "horovod", "status": "skipped", "precision": "fp16",
-                              "reason": "horovod is not installed (make horovod)"}],
             "verify-1": [{"kind": "verify", "rows": [{"backend": "single", "verdict": "pass"},
                                                      {"backend": "ddp", "verdict": "pass"}]}],
             "cudnn-off": [ok_record("single", "fp32")]}
@@ -305,6 +344,34 @@ def test_the_table_has_a_row_per_backend_groups_identical_failures_and_names_wha
     assert single_purpose == ["| cudnn-off | cudnn.benchmark off is applied and recorded | ok | python -m bench run "
                               "--backends single --gpus 1 --device cuda --model resnet18 --image-size 64 --batch-size 16 "
                               "--warmup 3 --steps 3 --windows 3 --cudnn-benchmark off --skip-peak --results results/doctor/alone |"]
+
+
+def test_a_machine_without_horovod_or_dali_passes_with_both_named(tmp_path):
+    """The quick tier on a machine with no Horovod build and no DALI (the H100 at b7f3632): the launches the plan did
+    not start say why, in their cells, and the verdict names them; the machine passes."""
+    plan = {x.name: x for x in gpu_plan.launches(1, ["single", "horovod"])}
+    missing, dali = "horovod is not installed (make horovod)", "NVIDIA DALI is not installed (pip install x)"
+    launches = {n: (x, "ok") for n, x in plan.items()}
+    launches.update({"horovod-bf16": (plan["horovod-bf16"], gpu_plan.SKIPPED, missing),
+                     "horovod-fp16": (plan["horovod-fp16"], gpu_plan.SKIPPED, missing),
+                     "decode-dali": (plan["decode-dali"], gpu_plan.SKIPPED, dali)})
+    recs = {"single-bf16": [ok_record("single")], "single-fp16": [ok_record("single", "fp16")],
+            "verify-1": [{"kind": "verify", "rows": [{"backend": "single", "verdict": "pass"},
+                                                     {"backend": "horovod", "verdict": "skipped", "why": missing}]}]}
+    folder = plan_folder(tmp_path, launches, recs)
+    manifest = json.loads((folder / "plan.json").read_text())
+    tests = {"passed": 9, "failed": 0, "skipped": 5, "failures": [], "skips": {}, "timed_out": False, "seconds": 26.0,
+             "log": "x.log", "running": [], "never_started": []}
+    text, failed = doctor.report(manifest, folder, ["single", "horovod"], tests, [], False, False)
+    lines = text.splitlines()
+    assert failed is False
+    assert (f"| horovod | not built | not built | skipped: {missing} | — | — | — | python -m bench doctor --backends "
+            f"horovod |") in lines
+    [row] = [ln for ln in lines if ln.startswith("| decode-dali |")]
+    assert row.startswith(f"| decode-dali | DALI mixed decode | skipped: {dali} | python -m bench run ")
+    assert "Failures (identical first lines grouped):" not in lines
+    assert lines[-1] == ("GPU machine OK: 1 backend ran, 0 failed, 1 not built (horovod), 1 single-purpose launch "
+                         "skipped (decode-dali)")
 
 
 def test_the_verdict_of_a_clean_check_and_the_full_tier_s_baseline_offer(tmp_path):
@@ -582,6 +649,16 @@ def test_a_test_that_needs_a_missing_dependency_skips_with_the_reason_or_fails_w
         conftest.skip_without("horovod")
     assert raised.type is pytest.fail.Exception, raised
     assert str(raised.value).startswith("BENCH_REQUIRE_HOROVOD=1 and horovod cannot be used: horovod is not installed")
+    # a launch the plan did not start (its every run would be skipped here): the tests that read it, the same way
+    skipped = {"status": gpu_plan.SKIPPED, "argv": ["run", "--backends", "horovod"], "backends": ["horovod"],
+               "reason": "horovod is not installed (make horovod)", "log": "nowhere.log", "rc": None}
+    plan = conftest.GpuPlan(Path("plan"), {"launches": {"horovod-bf16": skipped}})
+    with pytest.raises(BaseException) as raised:
+        plan.record("horovod-bf16", "horovod")
+    assert raised.type is pytest.fail.Exception, raised
+    monkeypatch.delenv("BENCH_REQUIRE_HOROVOD")
+    with pytest.raises(pytest.skip.Exception, match=r"^horovod is not installed \(make horovod\)$"):
+        plan.record("horovod-bf16", "horovod")
 
 
 def test_a_gpt_on_a_gpu_defaults_to_8_sequences_per_device_and_a_resnet_to_64(monkeypatch):

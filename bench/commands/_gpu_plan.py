@@ -41,11 +41,14 @@ GPU_RUN = ("--device", "cuda", "--model", "resnet18", "--image-size", "64", "--b
            "--steps", "3", "--windows", "3")
 MEMORY_PROBE = {"BENCH_FAULT": "bloat@rank0:step3"}  # 256 MiB held through the last warm-up step (bench/rank/faults.py)
 VERIFY_GROUPS = 3
-SECONDS_PER_TREE = 20.0  # one process tree's start to record on an H100 of 16 cores: 14-28 s (GPU-MACHINE.md)
+# one process tree's start to record, 4 launches at once on an H100 of 16 cores: 1351 s for the 54 trees started at
+# b7f3632 (a launch of one tree 23-37 s; 13 s alone), docs/gpu-machine.md
+SECONDS_PER_TREE = 25.0
 MEMORY_SHARE = 0.75  # of the GPU's memory that launches at once may plan to hold
 COLUMNS = ("bf16", "fp16", "fp32 (verify)", "2 ranks")
 CONCURRENT = "concurrent: a functional check, not a measurement"
 NOT_RUN = "not run (budget)"
+SKIPPED = "skipped"  # every run of the launch would be skipped here (a backend or loader missing): not started
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,11 +207,32 @@ def image_tree(root: Path) -> Path:
     return root
 
 
+def skip_reason(argv: list[str]) -> str | None:
+    """Why every run of a ``bench run`` launch would be skipped on this machine, known before launch as bench run
+    itself knows it (its plan, then each run's loader and backend: Horovod not built, DALI not installed), which would
+    refuse it with "nothing to run"; None when one of its runs can run, when it is no ``bench run``, or when its
+    arguments are refused (the launch then says why itself)."""
+    if not argv or argv[0] != "run":
+        return None
+    from bench.commands import _plan
+    from bench.core.errors import UsageError
+
+    try:
+        why = _plan.skipped_here(_plan.plan(_plan.parse_run(list(argv[1:])))[0])
+    except (UsageError, SystemExit):
+        return None
+    if not why:
+        return None
+    return "; ".join(reason if len(why) == 1 else f"{', '.join(dict.fromkeys(names))}: {reason}"
+                     for reason, names in why.items())
+
+
 def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: int | None = None, say=print,
-        clock=time.monotonic, cpus: list[int] | None = None) -> dict:
+        clock=time.monotonic, cpus: list[int] | None = None, skip=skip_reason) -> dict:
     """Run ``plan`` into ``out`` (one folder per launch, its log beside it), ``jobs`` at once, each on its share of
-    the cores, as GPU memory allows (``gpu_bytes``: the GPU's, None: not gated); a launch not started by ``deadline``
-    is not run. Writes and returns the manifest (``out/plan.json``), rewritten as each launch ends."""
+    the cores (``slot``, ``cpus``), as GPU memory allows (``gpu_bytes``: the GPU's, None: not gated); a launch not
+    started by ``deadline`` is not run, and one whose every run would be skipped here (``skip(argv)``, its reason) is
+    not started. Writes and returns the manifest (``out/plan.json``), rewritten as each launch ends."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = image_tree(out / "imagenet")
@@ -219,21 +243,33 @@ def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: in
     manifest = {"schema": PLAN_SCHEMA, "kind": "gpu-plan", "label": CONCURRENT, "jobs": jobs, "launches": {},
                 "started_at": time.time(), "finished_at": None, "complete": False}
     todo = sorted(plan, key=lambda x: -x.trees)  # the longest first: the plan ends sooner
-    running: dict[str, tuple[Launch, subprocess.Popen, list[int], float]] = {}
+    running: dict[str, tuple[Launch, subprocess.Popen, int, float]] = {}
     free = list(range(jobs))
+
+    def argv_here(x: Launch) -> list[str]:
+        return [a.replace("{imagenet}", str(data)) for a in x.argv]
 
     def entry(x: Launch, **kw) -> dict:
         return {"argv": list(x.argv), "what": x.what, "backends": list(x.backends), "column": x.column,
                 "trees": x.trees, "env": dict(x.env), "results": str(out / x.name), "log": str(out / f"{x.name}.log"),
-                "command": x.shell(), **kw}
+                "command": x.shell(), "reason": None, **kw}
 
     def save():
         write_json_atomic(manifest, out / MANIFEST, overwrite=True)
 
+    for x in list(todo):
+        why = skip(argv_here(x))
+        if why:
+            todo.remove(x)
+            manifest["launches"][x.name] = entry(x, status=SKIPPED, reason=why, rc=None, seconds=0.0, slot=None,
+                                                 cpus=[])
+            say(f"[plan] {x.name}: skipped ({why})")
+    save()
+
     try:
         while todo or running:
             now = clock()
-            for name, (x, proc, slot, started) in list(running.items()):
+            for name, (x, proc, k, started) in list(running.items()):
                 late = now - started > timeout_for(x) or now > deadline + 60
                 if proc.poll() is None and not late:
                     continue
@@ -243,8 +279,8 @@ def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: in
                 status = "timed out" if late and rc in (None, -signal.SIGKILL, -signal.SIGTERM, 130) else (
                     "ok" if rc == 0 else "failed")
                 manifest["launches"][name] = entry(x, status=status, rc=rc, seconds=round(now - started, 1),
-                                                   cpus=slot)
-                free.append(running.pop(name)[2][0])
+                                                   slot=k, cpus=slices[k])
+                free.append(running.pop(name)[2])
                 say(f"[plan] {name}: {status} in {now - started:.0f} s" + (f" (exit {rc})" if status != "ok" else ""))
                 save()
             held = sum(x.gib for x, *_ in running.values())
@@ -255,25 +291,25 @@ def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: in
                 x = fits[0]
                 todo.remove(x)
                 k = free.pop(0)
-                argv = [a.replace("{imagenet}", str(data)) for a in x.argv]
+                argv = argv_here(x)
                 with open(out / f"{x.name}.log", "w") as log:
                     proc = subprocess.Popen([sys.executable, "-m", "bench", *argv, "--results", str(out / x.name)],
                                             cwd=REPO_ROOT, env={**os.environ, **dict(x.env)}, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True,
                                             preexec_fn=_pin(slices[k]))
-                running[x.name] = (x, proc, [k, *slices[k]], clock())
+                running[x.name] = (x, proc, k, clock())
                 held += x.gib
                 say(f"[plan] {x.name}: started ({x.what})")
             if todo and clock() >= deadline and not running:
                 break
             time.sleep(0.5)
     finally:
-        for name, (x, proc, slot, started) in running.items():
+        for name, (x, proc, k, started) in running.items():
             _stop(proc)
             manifest["launches"][name] = entry(x, status="interrupted", rc=proc.returncode,
-                                               seconds=round(clock() - started, 1), cpus=slot)
+                                               seconds=round(clock() - started, 1), slot=k, cpus=slices[k])
         for x in todo:
-            manifest["launches"][x.name] = entry(x, status=NOT_RUN, rc=None, seconds=0.0, cpus=[])
+            manifest["launches"][x.name] = entry(x, status=NOT_RUN, rc=None, seconds=0.0, slot=None, cpus=[])
         manifest["finished_at"] = time.time()
         manifest["complete"] = True
         save()

@@ -380,15 +380,22 @@ def skip_reason(cfg: RunConfig) -> str | None:
     return loader_unavailable(cfg) or backends.create(cfg.backend).unavailable(cfg)
 
 
-def check_something_runs(configs: list[RunConfig]) -> None:
-    """A plan whose every run would be skipped for a reason known before launch is refused, in one line (exit 2), with
-    the reasons, each once with the runs it stops: a sweep that measured nothing must not exit 0."""
+def skipped_here(configs: list[RunConfig]) -> dict[str, list[str]] | None:
+    """Why every run of ``configs`` would be skipped here, for a reason known before launch: each reason once, with
+    the backends it stops; None when one of them can run (or there are none)."""
     why: dict[str, list[str]] = {}
     for cfg in configs:
         reason = skip_reason(cfg)
         if reason is None:
-            return
+            return None
         why.setdefault(reason, []).append(cfg.backend)
+    return why or None
+
+
+def check_something_runs(configs: list[RunConfig]) -> None:
+    """A plan whose every run would be skipped for a reason known before launch is refused, in one line (exit 2), with
+    the reasons, each once with the runs it stops: a sweep that measured nothing must not exit 0."""
+    why = skipped_here(configs)
     if not why:
         return
     parts = [f"{', '.join(dict.fromkeys(names))}: {reason}" for reason, names in why.items()]
