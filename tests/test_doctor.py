@@ -393,26 +393,36 @@ def test_the_verdict_of_a_clean_check_and_the_full_tier_s_baseline_offer(tmp_pat
 
 @pytest.mark.slow
 def test_the_whole_check_on_a_fake_gpu_machine(monkeypatch, tmp_path):
-    """bench doctor on a fake machine of one H100, for one backend's row (its command alone): the estimate first, the
-    launches really started (each a `python -m bench` that, with no GPU behind the fake, stops at its device check),
-    their failures grouped under the table, the verdict last and exit 1."""
+    """bench doctor on a fake machine of one H100, for two backends' rows: the estimate first, the launches really
+    started (each a `python -m bench` that, with no GPU behind the fake, stops at its device check), their failures
+    grouped under the table, the verdict last and exit 1. Horovod on this machine is a CPU build or none, so on a GPU
+    every run of it would be skipped: its bf16 and fp16 launches are not started, and say why."""
     FakeGpuMachine([__import__("tests.fake_gpu", fromlist=["FakeGpu"]).FakeGpu()]).install(monkeypatch)
-    proc = bench_inproc("doctor", "--backends", "ddp_zero", "--skip-tests", "--skip-sweep", "--jobs", "2",
+    proc = bench_inproc("doctor", "--backends", "ddp_zero,horovod", "--skip-tests", "--skip-sweep", "--jobs", "2",
                         "--results", tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     first = proc.stderr.splitlines()[0]
-    plan = gpu_plan.launches(1, ["ddp_zero"])
+    plan = gpu_plan.launches(1, ["ddp_zero", "horovod"])
     assert first == (f"doctor: quick tier on 1 GPU(s) (NVIDIA H100 80GB HBM3): {len(plan)} launches "
                      f"({sum(x.trees for x in plan)} process trees), 2 at once, about "
                      f"{gpu_plan.estimate_seconds(plan, 2):.0f} s; then the gpu tests on their records; budget 420 s")
     out = proc.stdout.splitlines()
     assert "| ddp_zero | failed | failed | failed | failed | — | — | python -m bench doctor --backends ddp_zero |" in out
-    i = out.index("Failures (identical first lines grouped):")
-    assert out[i + 1].startswith(f"1. {len(plan)} checks: bench: error: ")
-    assert out[-1] == "GPU machine NOT OK: 0 backends ran, 1 failed (ddp_zero)"
-    assert (tmp_path / "doctor.md").read_text().splitlines()[-1] == out[-1]
     manifest = gpu_plan.load(tmp_path / "plan")
     assert set(manifest["launches"]) == {x.name for x in plan} and manifest["complete"] is True
+    skipped = {n: x for n, x in manifest["launches"].items() if x["status"] == gpu_plan.SKIPPED}
+    assert set(skipped) == {"horovod-bf16", "horovod-fp16"}
+    why = skipped["horovod-bf16"]["reason"]
+    assert why and not (tmp_path / "plan" / "horovod-bf16.log").exists()
+    assert f"doctor: [plan] horovod-bf16: skipped ({why})" in proc.stderr.splitlines()
+    hvd = doctor.skipped("horovod", why)  # "not built", or why this build cannot run on a GPU
+    # the verify group both share was started, and stopped at its device check like every other launch
+    assert f"| horovod | {hvd} | {hvd} | failed | — | — | — | python -m bench doctor --backends horovod |" in out
+    i = out.index("Failures (identical first lines grouped):")
+    assert out[i + 1].startswith("1. 5 checks: bench: error: ")  # ddp_zero's 4 cells, horovod's verify
+    assert out[i + 2] == "   ddp_zero bf16, ddp_zero fp16, ddp_zero fp32 (verify), ddp_zero 2 ranks, horovod fp32 (verify)"
+    assert out[-1] == "GPU machine NOT OK: 0 backends ran, 2 failed (ddp_zero, horovod)"
+    assert (tmp_path / "doctor.md").read_text().splitlines()[-1] == out[-1]
 
 
 def test_without_cuda_it_refuses_in_one_line(capsys, monkeypatch):
