@@ -135,14 +135,15 @@ def test_the_plan_runs_launches_at_once_on_their_own_cores_and_leaves_out_what_t
     assert (tmp_path / "imagenet" / "train").is_dir()  # the decode launches' folder
 
 
-def test_a_launch_bench_run_would_refuse_as_nothing_to_run_is_known_before_it_starts(monkeypatch, tmp_path):
+def test_a_launch_its_command_would_refuse_as_nothing_to_run_is_known_before_it_starts(monkeypatch, tmp_path, capsys):
     """The H100 at b7f3632 started horovod-bf16, horovod-fp16 and decode-dali on a machine with no Horovod build and no
     DALI: each exited 2 ("nothing to run"), and the table called them failed and their tests failed. The plan now asks
-    bench run's own planner first, on the fake GPU machine's device count."""
+    bench run's and bench verify's own planners first, on the fake GPU machine's device count; what they print, and
+    what they set in the environment, stay there; a question they cannot answer starts the launch."""
     from backends import horovod
     from bench.rank import loaders
 
-    fake_cuda(monkeypatch, 1)
+    FakeGpuMachine([__import__("tests.fake_gpu", fromlist=["FakeGpu"]).FakeGpu()]).install(monkeypatch)
     monkeypatch.setattr(horovod, "problem", lambda: "horovod is not installed (make horovod)")
     monkeypatch.setattr(loaders, "unavailable", lambda name: "NVIDIA DALI is not installed (pip install x)"
                         if name == "dali" else None)
@@ -152,8 +153,29 @@ def test_a_launch_bench_run_would_refuse_as_nothing_to_run_is_known_before_it_st
     assert gpu_plan.skip_reason(plan["decode-dali"]) == "NVIDIA DALI is not installed (pip install x)"
     assert gpu_plan.skip_reason(plan["single-bf16"]) is None
     assert gpu_plan.skip_reason(plan["decode-torchvision"]) is None
-    assert gpu_plan.skip_reason(plan["verify-1"]) is None  # no bench run: verify skips its own rows
+    assert gpu_plan.skip_reason(plan["verify-1"]) is None  # single
+    assert gpu_plan.skip_reason(plan["verify-2"]) == "horovod is not installed (make horovod)"  # horovod alone
     assert gpu_plan.skip_reason(["run", "--backends", "nope"]) is None  # refused: the launch says why itself
+    assert gpu_plan.skip_reason(["collectives", "--gpus", "2"]) is None  # another command: started
+    # bench run's own flags (the trace launch's --trace) are no reason to start it, and no usage text is printed
+    traced = ["run", "--backends", "horovod", "--gpus", "1", *gpu_plan.GPU_RUN, "--trace", "2"]
+    assert gpu_plan.skip_reason(traced) == "horovod is not installed (make horovod)"
+    assert capsys.readouterr() == ("", "")
+
+    def sets_the_environment():
+        import os
+
+        os.environ["BENCH_TEST_SET_BY_AN_IMPORT"] = "1"  # as `import deepspeed` sets PYTORCH_NVML_BASED_CUDA_CHECK
+        print("a library's import-time line")
+        return "horovod is not installed (make horovod)"
+
+    monkeypatch.setattr(horovod, "problem", sets_the_environment)
+    assert gpu_plan.skip_reason(plan["horovod-bf16"]) == "horovod is not installed (make horovod)"
+    assert "BENCH_TEST_SET_BY_AN_IMPORT" not in __import__("os").environ
+    assert capsys.readouterr() == ("", "")
+    monkeypatch.setattr(horovod, "problem", lambda: 1 / 0)  # a build that breaks on import: the launch will say so
+    assert gpu_plan.skip_reason(plan["horovod-bf16"]) is None
+    monkeypatch.setattr(horovod, "problem", lambda: "horovod is not installed (make horovod)")
     from backends import deepspeed_zero
 
     monkeypatch.setattr(deepspeed_zero, "problem", lambda: "deepspeed is not installed")
@@ -354,10 +376,11 @@ def test_a_machine_without_horovod_or_dali_passes_with_both_named(tmp_path):
     launches = {n: (x, "ok") for n, x in plan.items()}
     launches.update({"horovod-bf16": (plan["horovod-bf16"], gpu_plan.SKIPPED, missing),
                      "horovod-fp16": (plan["horovod-fp16"], gpu_plan.SKIPPED, missing),
+                     "verify-2": (plan["verify-2"], gpu_plan.SKIPPED, missing),  # horovod's group, alone
                      "decode-dali": (plan["decode-dali"], gpu_plan.SKIPPED, dali)})
+    assert plan["verify-2"].backends == ("horovod",)
     recs = {"single-bf16": [ok_record("single")], "single-fp16": [ok_record("single", "fp16")],
-            "verify-1": [{"kind": "verify", "rows": [{"backend": "single", "verdict": "pass"},
-                                                     {"backend": "horovod", "verdict": "skipped", "why": missing}]}]}
+            "verify-1": [{"kind": "verify", "rows": [{"backend": "single", "verdict": "pass"}]}]}
     folder = plan_folder(tmp_path, launches, recs)
     manifest = json.loads((folder / "plan.json").read_text())
     tests = {"passed": 9, "failed": 0, "skipped": 5, "failures": [], "skips": {}, "timed_out": False, "seconds": 26.0,
@@ -365,8 +388,7 @@ def test_a_machine_without_horovod_or_dali_passes_with_both_named(tmp_path):
     text, failed = doctor.report(manifest, folder, ["single", "horovod"], tests, [], False, False)
     lines = text.splitlines()
     assert failed is False
-    assert (f"| horovod | not built | not built | skipped: {missing} | — | — | — | python -m bench doctor --backends "
-            f"horovod |") in lines
+    assert "| horovod | not built | not built | not built | — | — | — | python -m bench doctor --backends horovod |" in lines
     [row] = [ln for ln in lines if ln.startswith("| decode-dali |")]
     assert row.startswith(f"| decode-dali | DALI mixed decode | skipped: {dali} | python -m bench run ")
     assert "Failures (identical first lines grouped):" not in lines
@@ -411,17 +433,17 @@ def test_the_whole_check_on_a_fake_gpu_machine(monkeypatch, tmp_path):
     manifest = gpu_plan.load(tmp_path / "plan")
     assert set(manifest["launches"]) == {x.name for x in plan} and manifest["complete"] is True
     skipped = {n: x for n, x in manifest["launches"].items() if x["status"] == gpu_plan.SKIPPED}
-    assert set(skipped) == {"horovod-bf16", "horovod-fp16"}
+    assert set(skipped) == {"horovod-bf16", "horovod-fp16", "verify-2"}  # verify-2: horovod's group, alone
     why = skipped["horovod-bf16"]["reason"]
     assert why and not (tmp_path / "plan" / "horovod-bf16.log").exists()
     assert f"doctor: [plan] horovod-bf16: skipped ({why})" in proc.stderr.splitlines()
     hvd = doctor.skipped("horovod", why)  # "not built", or why this build cannot run on a GPU
-    # the verify group both share was started, and stopped at its device check like every other launch
-    assert f"| horovod | {hvd} | {hvd} | failed | — | — | — | python -m bench doctor --backends horovod |" in out
+    assert f"| horovod | {hvd} | {hvd} | {hvd} | — | — | — | python -m bench doctor --backends horovod |" in out
     i = out.index("Failures (identical first lines grouped):")
-    assert out[i + 1].startswith("1. 5 checks: bench: error: ")  # ddp_zero's 4 cells, horovod's verify
-    assert out[i + 2] == "   ddp_zero bf16, ddp_zero fp16, ddp_zero fp32 (verify), ddp_zero 2 ranks, horovod fp32 (verify)"
-    assert out[-1] == "GPU machine NOT OK: 0 backends ran, 2 failed (ddp_zero, horovod)"
+    assert out[i + 1].startswith("1. 4 checks: bench: error: ")
+    assert out[i + 2] == "   ddp_zero bf16, ddp_zero fp16, ddp_zero fp32 (verify), ddp_zero 2 ranks"
+    assert out[-1] == ("GPU machine NOT OK: 0 backends ran, 1 failed (ddp_zero), "
+                       + ("1 not built (horovod)" if hvd == "not built" else "1 skipped (horovod)"))
     assert (tmp_path / "doctor.md").read_text().splitlines()[-1] == out[-1]
 
 

@@ -20,7 +20,9 @@ backend registry, so a new backend joins it with no edit here.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -208,19 +210,30 @@ def image_tree(root: Path) -> Path:
 
 
 def skip_reason(argv: list[str]) -> str | None:
-    """Why every run of a ``bench run`` launch would be skipped on this machine, known before launch as bench run
-    itself knows it (its plan, then each run's loader and backend: Horovod not built, DALI not installed), which would
-    refuse it with "nothing to run"; None when one of its runs can run, when it is no ``bench run``, or when its
-    arguments are refused (the launch then says why itself)."""
-    if not argv or argv[0] != "run":
+    """Why every run of a ``bench run`` or ``bench verify`` launch would be skipped on this machine, known before launch
+    as the command itself knows it (its own planner: Horovod not built, DeepSpeed or DALI not installed), which would
+    refuse it with "nothing to run"; None when one of its runs can run, when it is another command, or when the
+    question cannot be answered here (its arguments refused, a library failing to load: the launch says why itself).
+    What the planners print, and what importing a library sets in the environment (``import deepspeed`` sets
+    PYTORCH_NVML_BASED_CUDA_CHECK), stay here: the launches, the tests and the measured runs get the environment the
+    doctor got."""
+    if not argv or argv[0] not in ("run", "verify"):
         return None
-    from bench.commands import _plan
-    from bench.core.errors import UsageError
+    from bench.commands import _plan, _verify_plan
 
+    saved = dict(os.environ)
     try:
-        why = _plan.skipped_here(_plan.plan(_plan.parse_run(list(argv[1:])))[0])
-    except (UsageError, SystemExit):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            if argv[0] == "run":
+                why = _plan.skipped_here(_plan.plan(_plan.parse_run(list(argv[1:]), known=True))[0])
+            else:
+                entries = _verify_plan.plan(_verify_plan.parse_verify(list(argv[1:]), known=True))[1]
+                why = _verify_plan.skipped_here(entries)
+    except (Exception, SystemExit):  # noqa: BLE001 - a question this machine cannot answer: the launch answers it
         return None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     if not why:
         return None
     return "; ".join(reason if len(why) == 1 else f"{', '.join(dict.fromkeys(names))}: {reason}"

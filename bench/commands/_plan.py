@@ -135,11 +135,12 @@ RUN_FLAGS: list[tuple[str | None, list[tuple[str, dict]]]] = [
 ]
 
 
-def parse_run(argv: list[str]) -> argparse.Namespace:
-    """``bench run``'s arguments parsed from ``argv``, for commands that plan as bench run does (doctor, verify)."""
+def parse_run(argv: list[str], known: bool = False) -> argparse.Namespace:
+    """``bench run``'s arguments parsed from ``argv``, for commands that plan as bench run does (doctor, verify);
+    ``known``: the flags only bench run's own parser adds (``--trace``, ``--wait-quiet-s``) are left out."""
     p = argparse.ArgumentParser(prog="python -m bench run", allow_abbrev=False)
     add_run_arguments(p)
-    return p.parse_args(argv)
+    return p.parse_known_args(argv)[0] if known else p.parse_args(argv)
 
 
 def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, present: int, per_gpu: int = 1) -> list[int]:

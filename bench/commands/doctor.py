@@ -321,6 +321,8 @@ def verify_cell(launch: dict | None, rows: list[dict], backend: str) -> tuple[st
         return "—", None
     if launch["status"] == BUDGET:
         return BUDGET, None
+    if launch["status"] == gpu_plan.SKIPPED:  # every backend of the group would be skipped: not started
+        return skipped(backend, launch["reason"]), None
     row = next((r for r in rows if r.get("backend") == backend), None)
     if row is None:
         return "failed", first_line(_log_error(launch)) or f"launch {launch['status']} (exit {launch['rc']})"
