@@ -12,6 +12,7 @@ from bench.core.flags import add_renamed
 DEFAULTS = {"cpu": {"model": "resnet18", "image_size": 32, "batch_size": 4, "steps": 20, "eval_samples": 250},
             "cuda": {"model": "resnet18", "image_size": 64, "batch_size": 16, "steps": 20, "eval_samples": 500}}
 
+
 def add_verify_arguments(v) -> None:
     """bench verify's arguments (its parser, and the one the GPU check's plan reads a verify launch with)."""
     v.add_argument("--backends", default="all", help="comma-separated, or 'all'")

@@ -296,7 +296,7 @@ def skipped(backend: str, reason: str | None) -> str:
     return "not built" if backend == "horovod" and "not installed" in (reason or "") else f"skipped: {reason}"
 
 
-def cell(launch: dict | None, rec: dict | None, backend: str = "") -> tuple[str, str | None]:
+def cell(launch: dict | None, rec: dict | None, backend: str) -> tuple[str, str | None]:
     """(what the cell says, the failure's first line or None) for one backend in one launch."""
     if launch is None:
         return "—", None
