@@ -95,18 +95,30 @@ FIGURE_DPI = 120
 def save_figure(fig, stem, tight: bool = False) -> None:
     """``stem``.png and ``stem``.svg (the HTML page inlines the SVG), then the figure is closed.
 
-    The layout is settled once, by one draw at the files' resolution, and both files keep it: savefig lays a figure
-    out again before each file (a draw of its own, under the constrained layout or ``tight``), so two files cost four
-    or five draws, most of a report's time. ``tight``: the box around what is drawn, with savefig's padding."""
+    The layout is settled once, at the files' resolution, and both files keep it: savefig lays a figure out again
+    before each file (a draw of its own, under the constrained layout or ``tight``), so two files cost four or five
+    draws, most of a report's time. Without ``tight``, the draw that settles the layout is the PNG's own (Agg renders
+    while the layout engine places the axes, titles and legend, and the PNG is written from that raster as savefig
+    writes it); the SVG is drawn once more, as laid out. ``tight``: the box around what is drawn, with savefig's
+    padding; both files are drawn after the layout (savefig crops to the box as it draws)."""
     import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.image import imsave
 
     Path(stem).parent.mkdir(parents=True, exist_ok=True)
     fig.set_dpi(FIGURE_DPI)
-    fig.draw_without_rendering()  # the layout engine places the axes, titles and legend here; nothing is rasterised
-    box = fig.get_tightbbox().padded(plt.rcParams["savefig.pad_inches"]) if tight else None
-    fig.set_layout_engine(None)  # keep those places: no engine, so savefig draws each file once, as laid out
-    for ext in ("png", "svg"):
-        fig.savefig(f"{stem}.{ext}", dpi=FIGURE_DPI, **({"bbox_inches": box} if tight else {}))
+    if tight:
+        fig.draw_without_rendering()  # the layout engine places the axes, titles and legend; nothing is rasterised
+        box = fig.get_tightbbox().padded(plt.rcParams["savefig.pad_inches"])
+        fig.set_layout_engine(None)  # keep those places: no engine, so savefig draws each file once, as laid out
+        for ext in ("png", "svg"):
+            fig.savefig(f"{stem}.{ext}", dpi=FIGURE_DPI, bbox_inches=box)
+    else:
+        canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+        canvas.draw()  # the layout and the PNG's raster in one draw
+        imsave(f"{stem}.png", canvas.buffer_rgba(), format="png", origin="upper", dpi=fig.dpi)  # as savefig writes it
+        fig.set_layout_engine(None)
+        fig.savefig(f"{stem}.svg", dpi=FIGURE_DPI)
     plt.close(fig)
 
 
