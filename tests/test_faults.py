@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from bench.commands._plan import parse_run, plan
-from tests.backends.test_contract import assert_ok_record
+from tests.backends.test_contract import CONTRACT_MODEL, assert_ok_record
 from tests.conftest import REPO, TINY, bench_inproc, records
 
 
@@ -68,7 +68,7 @@ def test_out_of_memory_is_recorded_as_such(results_dir):
     assert recs[("ddp", 1)]["status"] == "ok"  # no rank 1 there
     oom = recs[("ddp", 2)]
     assert oom["status"] == "failed"
-    assert oom["reason"].startswith("out of memory: batch 2 per device (4 global), resnet18 at 32px, fp32: "
+    assert oom["reason"].startswith("out of memory: batch 2 per device (4 global), cnn-tiny at 32px, fp32: "
                                     "CUDA out of memory. Tried to allocate 20.00 GiB")
     assert not _leftovers(results_dir)
 
@@ -130,20 +130,24 @@ def test_interrupt_while_the_launcher_starts_its_ranks_leaves_nothing(results_di
     assert not _leftovers(results_dir)
 
 
+WHOLE = [*TINY, "--model", CONTRACT_MODEL]
+
+
 @pytest.mark.slow
 def test_a_port_in_use_is_retried(results_dir):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = bench_inproc("run", "--backends", "ddp_spawn", "--gpus", 2, *TINY, "--results", results_dir,
+        proc = bench_inproc("run", "--backends", "ddp_spawn", "--gpus", 2, *WHOLE, "--results", results_dir,
                             env={"BENCH_MASTER_PORT": str(port)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     log = (results_dir / "logs" / f"{rec['run_id']}.log").read_text()
     assert f"port {port} was in use; retrying" in log
-    # the retried run is a whole one: DDP under torch.multiprocessing.spawn, identical replicas, every field
-    [cfg], _ = plan(parse_run(["--backends", "ddp_spawn", "--gpus", "2", *TINY]))
+    # the retried run is a whole one: DDP under torch.multiprocessing.spawn, identical replicas, every field the
+    # contract asserts of its own runs (on its model)
+    [cfg], _ = plan(parse_run(["--backends", "ddp_spawn", "--gpus", "2", *WHOLE]))
     assert_ok_record(rec, cfg)
     assert rec["launcher"] == "spawn" and rec["replicas_consistent"] is True
 

@@ -146,7 +146,7 @@ def test_find_max_batch_records_each_library_s_out_of_memory_and_searches_on(tmp
         assert (row["max_batch"], row["error"], row["capped"]) == (None, None, False), (backend, row)
         [probe] = row["probes"]
         assert (probe["batch"], probe["result"]) == (1, "out of memory"), (backend, probe)
-        assert probe["reason"].startswith("out of memory: batch 1 per device (1 global), resnet18 at 32px, fp32: "
+        assert probe["reason"].startswith("out of memory: batch 1 per device (1 global), cnn-tiny at 32px, fp32: "
                                           + first_line[kind]), (backend, probe["reason"])
     assert "Cuda failure 2 'out of memory'" in rows["allreduce_manual"]["probes"][0]["reason"]
     assert proc.stdout.count("max batch per device: not even batch 1 fits") == 4

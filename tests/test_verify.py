@@ -10,7 +10,7 @@ from bench.rank.evaluate import exact_shard
 from tests.conftest import bench_inproc, cli_error
 
 # Small and quick: what matters is that the arithmetic is compared, not how long it trains.
-QUICK = ["--device", "cpu", "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--steps", "6",
+QUICK = ["--device", "cpu", "--model", "cnn-tiny", "--image-size", "32", "--batch-size", "2", "--steps", "6",
          "--eval-samples", "37"]  # 37: not divisible by 2, so DistributedSampler pads
 
 

@@ -33,7 +33,9 @@ from tests.conftest import TINY, TINY_STEPS, TINY_WINDOWS, bench_inproc, cli_err
 # The sweep's flags, every one of them checked on every record. --eval: 37 samples over 2 ranks (DistributedSampler
 # pads to 38; FSDP2 all-gathers parameters in every forward, so the padded batch must run masked, or it hangs until
 # --timeout); --trace 1: every backend marks its phases for the profiler (tests/test_trace.py has the rest of --trace).
-SWEEP = [*TINY, "--eval", "--eval-samples", "37", "--timeout-s", "240"]
+# resnet18, not TINY's cnn-tiny: every backend on a torchvision model, with BatchNorm and residual connections.
+CONTRACT_MODEL = "resnet18"
+SWEEP = [*TINY, "--model", CONTRACT_MODEL, "--eval", "--eval-samples", "37", "--timeout-s", "240"]
 RUN_ONLY = ["--trace", "1"]  # a flag of bench run's own, not of the planner (parse_run)
 # Knobs the sweep gives every backend that declares them. --channels-last: FSDP2 and DeepSpeed crashed at set-up on
 # channels-last parameters (FSDP2 refuses them, DeepSpeed views each one as bytes to broadcast it); they now keep
@@ -43,7 +45,7 @@ SWEEP_KNOBS = (CHANNELS_LAST,)
 DESCRIBED = ("process_group", "autocast_dtype", "grad_scaler", "sync_batchnorm_layers", "grad_reduce_dtype", "compile",
              "activation_checkpointing_blocks", "channels_last", "optimizer_impl")
 BASE_PHASES = {"data", "forward", "backward", "optimizer", "other"}  # what every step has in a trace
-MODEL_BYTES = 4 * parameter_count("resnet18")  # TINY's model, fp32: 11.7 M parameters
+MODEL_BYTES = 4 * parameter_count(CONTRACT_MODEL)  # fp32: 11.7 M parameters
 # bench/rank/numerics.py's reading of resnet18 at fp32: what single computes, and so every backend (no attention)
 FP32_NUMERICS = "matmul float32, norm float32, loss float32, norm_params float32, residual float32"
 

@@ -234,7 +234,8 @@ def test_deepspeed_half_parameters_train_evaluate_and_verify_checks_the_autocast
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = records(results_dir)
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True and rec["eval_samples"] == 9
-    assert rec["backend_info"]["param_dtype"] == "bfloat16" and rec["backend_info"]["norm_buffers_cast"] == 40
+    # TINY's cnn-tiny: 3 BatchNorm layers, 2 running statistics each
+    assert rec["backend_info"]["param_dtype"] == "bfloat16" and rec["backend_info"]["norm_buffers_cast"] == 6
     assert rec["backend_info"]["mixed_precision"].startswith("fp16/bf16 sections")
     assert rec["options"] == {"ds_bucket_mb": 1.0, "ds_mp": "params"} and rec["backend_info"]["bucket_elements"] == \
         2 ** 18
