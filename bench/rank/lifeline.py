@@ -11,7 +11,7 @@
   whose beat has not moved for SILENT_S seconds is lost: the watcher prints one PEER_LOST_MARKER line naming it (its
   node, host, ranks and last phase) and ends its rank, whatever --timeout says and whether or not the collective it
   waits in would ever notice (a powered-off or partitioned node sends no TCP reset: gloo and NCCL would wait for
-  their own timeouts, minutes). A rank whose collective fails (a reset connection) first waits up to SILENT_S + 5 s
+  their own timeouts, minutes). A rank whose collective fails (a reset connection) first waits up to SILENT_S + GRACE_S (5 s)
   for that verdict, so the record names the node that died instead of the rank that noticed.
 - **NCCL's watchdog.** By default it takes a rank down with SIGABRT when a peer dies (bench/core/markers.py): no
   exception, so no wait for the verdict, and torchrun then stops the node's other ranks, the watching one too. Ranks
@@ -41,6 +41,7 @@ from bench.core.markers import (HARNESS_ENV, NCCL_ERROR_HANDLING, NCCL_ERROR_HAN
 BEAT_S = 1.0  # one beat (a store add) per second per node
 SILENT_S = 15.0  # a node whose beat has not moved for this long is lost (GIL pauses, a busy store: seconds at most)
 STORE_TIMEOUT_S = 5.0  # one store call that takes longer counts as a store that does not answer
+GRACE_S = 5.0  # after a failed collective, the watch gets SILENT_S and this long again to name a lost node
 CONNECT_S = 600.0  # the store may come up after this rank (an external engine's rank 0 hosts it)
 DONE = 1 << 40  # added to a node's beat when its ranks finished: a node that stops after this is not lost
 
@@ -102,9 +103,9 @@ class Heartbeat:
     """One node's beat and its watch of the others, through a client of the run's c10d store of its own."""
 
     def __init__(self, node: int, nnodes: int, addr: str, port: int, ranks: list[int], publish: bool,
-                 silent: float = SILENT_S, prefix: str = "bench-heartbeat"):
+                 silent: float = SILENT_S, prefix: str = "bench-heartbeat", grace: float = GRACE_S):
         self.node, self.nnodes, self.addr, self.port = node, nnodes, addr, port
-        self.ranks, self.publish, self.silent, self.prefix = ranks, publish, silent, prefix
+        self.ranks, self.publish, self.silent, self.prefix, self.grace = ranks, publish, silent, prefix, grace
         self.host = socket.gethostname()
         self.others = [n for n in range(nnodes) if n != node]
         self.thread: threading.Thread | None = None
@@ -205,7 +206,7 @@ _COMM_ERROR = re.compile(r"connection (reset|closed|refused)|broken pipe|nccl|gl
 
 
 def verdict_on(error: BaseException) -> None:
-    """After a failed collective in a run of several nodes, give the watch up to SILENT_S + 5 s to name a lost node
+    """After a failed collective in a run of several nodes, give the watch up to SILENT_S + GRACE_S to name a lost node
     (it then ends this process); return when it names none, and the caller raises the error as it is."""
     if _beat is not None and _COMM_ERROR.search(f"{type(error).__name__} {error}"):
         _await_verdict()
@@ -219,7 +220,7 @@ def _await_verdict() -> None:
     with _watching:  # two callers at once (two aborting threads) start one watch
         if beat.thread is None:  # not local rank 0: watch now, from scratch
             beat.start()
-    beat.thread.join(timeout=beat.silent + 5.0)
+    beat.thread.join(timeout=beat.silent + beat.grace)
 
 
 # -- NCCL's watchdog -----------------------------------------------------------------------------------------------
@@ -250,7 +251,7 @@ def hold_aborts() -> None:
     libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_void_p)
 
     def on_abort(signum: int) -> None:
-        print(f"bench: rank process {os.getpid()} got SIGABRT; waiting up to {_beat.silent + 5.0:g} s for a verdict "
+        print(f"bench: rank process {os.getpid()} got SIGABRT; waiting up to {_beat.silent + _beat.grace:g} s for a verdict "
               f"on the other nodes first", file=sys.stderr, flush=True)
         _await_verdict()  # a lost node ends the process here, named (PEER_LOST_EXIT)
         libc.signal(signal.SIGABRT, int(signal.SIG_DFL))  # none: die of SIGABRT after all
