@@ -1,6 +1,8 @@
 """Workloads beyond the torchvision models (docs/workloads.md): the GPT ladder on synthetic tokens, the optimizer
 choice, activation checkpointing, and the user's own model (tests/user_model.py), through the same harness."""
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from backends.base import build_model, checkpoint_blocks, make_optimizer
 from backends.models import flops
 from bench.core import results, workloads
 from bench.core.config import RunConfig
-from tests.conftest import bench_inproc, cli_error, records
+from tests.conftest import REPO, bench_inproc, cli_error, records
 
 
 def cfg_for(model="gpt-micro", **kw):
@@ -421,3 +423,15 @@ def test_the_verdict_and_the_tables_never_mix_two_workloads(tmp_path):
     assert "resnet50 224px batch 64/device synthetic, fp32, 2 GPUs\n\n**Only fsdp2 ran here" in md
     assert "### gpt-tiny seq 64 (adamw), batch 64/device, fp32, synthetic data" in md
     assert "| 100.0 seq/s |" in md and "| 6,400 tokens/s |" in md and "| 300.0 img/s |" in md
+
+
+@pytest.mark.slow
+def test_cnn_tiny_is_planned_and_built_without_torchvision():
+    """Importing torchvision imports torch._dynamo (1.5 s of CPU): the planner's model checks and the rank's model
+    build import it for a torchvision model only, so a cnn-tiny run (the tests' TINY) and its harness start without."""
+    code = ("import sys; from bench.commands._plan import check_image_size, check_model; from backends import models; "
+            "check_model('cnn-tiny'); check_image_size('cnn-tiny', 32); models.workload('cnn-tiny', 32, None, False).build(); "
+            "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

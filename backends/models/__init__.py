@@ -96,11 +96,11 @@ class VisionWorkload(Workload):
         self.classes = workloads.SMALL_CNNS[name][1] if name in workloads.SMALL_CNNS else 1000
 
     def build(self):
-        import torchvision
-
         if self.name in workloads.SMALL_CNNS:
             model = SmallCNN(*workloads.SMALL_CNNS[self.name])
         else:
+            import torchvision  # here only: importing it imports torch._dynamo (1.5 s of CPU), which cnn-tiny needs not
+
             # Auxiliary classifiers would get no gradient from the main loss, which DDP rejects; benchmarks train
             # the main head only.
             extra = {"aux_logits": False} if self.name in ("googlenet", "inception_v3") else {}

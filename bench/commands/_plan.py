@@ -209,13 +209,13 @@ def check_image_size(model: str, size: int | None) -> None:
     (exit 2) otherwise: ``--image-size 1`` once ran, "ok", and was given an ImageNet epoch estimate."""
     if workloads.of(model).kind != "vision" or size is None or size <= 0:
         return  # not images (or not positive: RunConfig says so in its own words)
-    import torchvision
-
     if model in workloads.SMALL_CNNS:
         if size < workloads.SMALL_CNN_MIN_SIZE:
             raise UsageError(f"--image-size {size}: too small for {model}; use at least {workloads.SMALL_CNN_MIN_SIZE} "
                              "(its two stride-2 stages leave a 2x2 map)")
         return
+    import torchvision  # here only, as in check_model: importing it imports torch._dynamo (1.5 s of CPU)
+
     try:
         least = max(list(torchvision.models.get_model_weights(model))[0].meta["min_size"])
         source = f"{model}'s smallest input ({least} px, torchvision)"
