@@ -270,7 +270,8 @@ def test_figures_built_on_a_disturbed_baseline_or_beyond_the_limits_show_the_rea
     assert [tuple(line.get_xdata()) for line in single_panel.get_lines() if line.get_label() != "ideal (100 %)"] == []
     assert own_panel.get_title() == "vs own@1\n2 not drawn: above 105%, run disturbed"  # single@1 is its own @1
     assert {(line.get_label(), tuple(line.get_ydata())) for line in own_panel.get_lines()} >= {("ddp", (100.0, 90.0))}
-    assert "split" not in drawn and "efficiency" in drawn  # every split is withheld: no bar to draw (the table says why)
+    # every split is withheld: no bar to draw (the table says why)
+    assert "split" not in drawn and "efficiency" in drawn
 
 
 def test_a_clean_sweep_draws_every_figure(tmp_path):

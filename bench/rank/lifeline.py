@@ -11,8 +11,8 @@
   whose beat has not moved for SILENT_S seconds is lost: the watcher prints one PEER_LOST_MARKER line naming it (its
   node, host, ranks and last phase) and ends its rank, whatever --timeout says and whether or not the collective it
   waits in would ever notice (a powered-off or partitioned node sends no TCP reset: gloo and NCCL would wait for
-  their own timeouts, minutes). A rank whose collective fails (a reset connection) first waits up to SILENT_S + GRACE_S (5 s)
-  for that verdict, so the record names the node that died instead of the rank that noticed.
+  their own timeouts, minutes). A rank whose collective fails (a reset connection) first waits up to SILENT_S +
+  GRACE_S (5 s) for that verdict, so the record names the node that died instead of the rank that noticed.
 - **NCCL's watchdog.** By default it takes a rank down with SIGABRT when a peer dies (bench/core/markers.py): no
   exception, so no wait for the verdict, and torchrun then stops the node's other ranks, the watching one too. Ranks
   therefore run with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 unless the user set it (the error reaches the rank as an
@@ -251,7 +251,8 @@ def hold_aborts() -> None:
     libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_void_p)
 
     def on_abort(signum: int) -> None:
-        print(f"bench: rank process {os.getpid()} got SIGABRT; waiting up to {_beat.silent + _beat.grace:g} s for a verdict "
+        wait = _beat.silent + _beat.grace
+        print(f"bench: rank process {os.getpid()} got SIGABRT; waiting up to {wait:g} s for a verdict "
               f"on the other nodes first", file=sys.stderr, flush=True)
         _await_verdict()  # a lost node ends the process here, named (PEER_LOST_EXIT)
         libc.signal(signal.SIGABRT, int(signal.SIG_DFL))  # none: die of SIGABRT after all
