@@ -32,16 +32,21 @@ class _Parser(argparse.ArgumentParser):
         fail(f"{message} (see {self.prog} --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; given a command's name, that command's alone, so that a light command (``nodelist``,
+    ``report``, ``compare``) does not import what the others need (torch: 2 s of CPU a call on 2 cores)."""
     p = _Parser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:  # each module's register() adds its parser and a func(args) -> exit code
-        importlib.import_module(f"bench.commands.{name}").register(sub)
+    for name in (command,) if command in COMMANDS else COMMANDS:
+        importlib.import_module(f"bench.commands.{name}").register(sub)  # adds its parser and a func(args) -> code
     return p
 
 
 def main(argv=None) -> None:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # A command named first needs its own module only; anything else (--help, no command, an unknown one) gets every
+    # command's parser, so the help and the list of valid choices stay whole.
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         code = args.func(args)

@@ -1,6 +1,7 @@
 """Several nodes, on one machine: two `bench run --nnodes 2` processes joined by torchrun's c10d rendezvous, as two
 machines would run them; the external-launcher entry with the environment set by hand; the Slurm script's
 command for a given allocation."""
+import json
 import os
 import re
 import shutil
@@ -154,6 +155,28 @@ def test_nodelist_expands_slurm_host_lists():
     assert proc.stdout.split() == ["gpu01", "gpu02", "gpu03", "gpu10", "login1", "rack1-n7", "rack1-n8", "rack2-n7",
                                    "rack2-n8"]
     assert bench("nodelist", "--first", "gpu[08-09]", check=True).stdout.strip() == "gpu08"
+
+
+@pytest.mark.slow
+def test_a_light_command_imports_its_own_module_and_no_torch(capsys):
+    """The CLI imports the named command's module alone: a Slurm script's ``nodelist`` on every node, a report or a
+    comparison, starts without importing torch (2 s of CPU a call on 2 cores)."""
+    # what bench/__main__.py does, and at exit the modules it had imported
+    main = ("import atexit, json, sys; atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr));"
+            " from bench.cli import main; main()")
+    for args in (["nodelist", "gpu[01-02]"], ["report", "--help"], ["compare", "--help"]):
+        proc = subprocess.run([sys.executable, "-c", main, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        imported = set(json.loads(proc.stderr.splitlines()[-1]))
+        assert f"bench.commands.{args[0]}" in imported and "bench.commands.run" not in imported, args
+        assert "torch" not in imported, args
+    # no command named first: every command's parser, so the help lists each and a wrong name lists every choice
+    from bench.cli import build_parser
+    from bench.commands import COMMANDS
+    assert "{" + ",".join(COMMANDS) + "}" in build_parser().format_help()
+    code, err = cli_error(capsys, "nodelists")
+    assert code == 2 and err.strip() == ("bench: error: argument command: invalid choice: 'nodelists' (choose from "
+                                         + ", ".join(f"'{c}'" for c in COMMANDS) + ") (see python -m bench --help)")
 
 
 SBATCH = REPO / "scripts" / "slurm" / "bench.sbatch"
