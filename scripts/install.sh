@@ -6,6 +6,9 @@
 #   TORCH=system  keep the torch that PYTHON already imports (an NGC container, a module system, a build matched to
 #                 the driver) and whatever else PYTHON already has; install the rest at their locked versions.
 #   WHEELS=DIR    install from the wheels in DIR only, for a machine with no package registry.
+# With a registry, and UV_VERSION and UV_VENV set (the Makefile sets both: make lock's uv, in .tools/lock-venv), uv
+# installs the lock's files, hashes checked as pip checks them and bytecode compiled as pip compiles it: 45 s against
+# pip's 104 s for the whole lock on the 2-core VM. Without them, from a folder, or where uv cannot be had: pip.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:?usage: scripts/install.sh VENV PYTHON [TORCH] [WHEELS]}"; PYTHON="${2:?}"; TORCH="${3:-locked}"; WHEELS="${4:-}"
@@ -44,7 +47,18 @@ SELECTED="$VENV/.lock-selected.txt"
 "$PY" "$REPO/scripts/lockfile.py" select --mode "$TORCH" -o "$SELECTED" ${WHEELS:+--wheels "$WHEELS"}  # exit 1: stale lock
 PIP=(-m pip install -q --disable-pip-version-check --no-deps)
 [[ -n "$WHEELS" ]] && PIP+=(--no-index --find-links "$WHEELS")
-[[ -s "$SELECTED" ]] && "$PY" "${PIP[@]}" --require-hashes -r "$SELECTED"
+UV_VERSION="${UV_VERSION:-}"; UV_VENV="${UV_VENV:-}"
+uv_ready() { [[ -n "$UV_VERSION" && -x "$UV_VENV/bin/uv" && "$("$UV_VENV/bin/uv" --version 2>/dev/null)" == "uv $UV_VERSION"* ]]; }
+if [[ -s "$SELECTED" && -z "$WHEELS" && -n "$UV_VERSION" && -n "$UV_VENV" ]] && ! uv_ready; then
+  { [[ -x "$UV_VENV/bin/python" ]] || "$PYTHON" -m venv "$UV_VENV"; } && \
+    "$UV_VENV/bin/python" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION" \
+    || echo "make: could not install uv $UV_VERSION into $UV_VENV; installing with pip" >&2
+fi
+if [[ -s "$SELECTED" && -z "$WHEELS" ]] && uv_ready; then
+  "$UV_VENV/bin/uv" pip install -q --python "$PY" --no-deps --require-hashes --compile-bytecode -r "$SELECTED"
+elif [[ -s "$SELECTED" ]]; then
+  "$PY" "${PIP[@]}" --require-hashes -r "$SELECTED"
+fi
 "$PY" "${PIP[@]}" --no-build-isolation -e "$REPO"
 "$PY" -c 'import os, torch, torchvision; print("make: environment ready: torch", torch.__version__, "from", os.path.dirname(os.path.dirname(torch.__file__)))' >&2
 echo "$KEY" > "$STAMP"

@@ -86,6 +86,34 @@ def test_bad_install_switches_are_one_line(tmp_path):
     assert proc.returncode == 2 and "WHEELS=" in proc.stderr and "no such directory" in proc.stderr
 
 
+@pytest.mark.slow
+def test_make_venv_installs_the_lock_with_make_lock_s_uv(tmp_path):
+    """From a registry, `make venv` hands the lock's files to the uv that `make lock` uses (the Makefile's UV_VERSION,
+    in .tools/lock-venv), hashes checked and bytecode compiled as pip does them; from WHEELS=DIR, pip."""
+    dry = subprocess.run(["make", "-n", "venv"], capture_output=True, text=True, cwd=REPO, timeout=60).stdout
+    version = next(line.split("?=")[1].strip() for line in (REPO / "Makefile").read_text().splitlines()
+                   if line.startswith("UV_VERSION ?="))
+    assert f"UV_VERSION={version} UV_VENV={REPO / '.tools' / 'lock-venv'} scripts/install.sh" in dry, dry
+    uv_venv, log = tmp_path / "uv", tmp_path / "uv.log"
+    (uv_venv / "bin").mkdir(parents=True)
+    uv = uv_venv / "bin" / "uv"  # answers its version, logs the install it is asked for, then fails to stop there
+    uv.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "uv {version} (x86_64-unknown-linux-gnu)"; exit 0; }}\n'
+                  f'echo "$@" > {log}; exit 3\n')
+    uv.chmod(0o755)
+    venv = tmp_path / "venv"
+    env = {**os.environ, "UV_VERSION": version, "UV_VENV": str(uv_venv)}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), str(venv), sys.executable], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 3, proc.stderr
+    assert log.read_text().split() == ["pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--no-deps",
+                                       "--require-hashes", "--compile-bytecode", "-r", str(venv / ".lock-selected.txt")]
+    log.unlink()
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), str(venv), sys.executable, "locked",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode != 0 and not log.exists()  # pip, from an empty folder: nothing to install from
+    assert "no matching distribution" in proc.stderr.lower(), proc.stderr
+
+
 def torch_system_verify() -> dict:
     """A TORCH=system environment built on the test's own interpreter, and in it ``python -m bench verify`` of the first
     backend of every launcher that starts ranks (tests/test_verify.py's bit-for-bit check reads the same run), once a
