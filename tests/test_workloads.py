@@ -427,11 +427,13 @@ def test_the_verdict_and_the_tables_never_mix_two_workloads(tmp_path):
 
 @pytest.mark.slow
 def test_cnn_tiny_is_planned_and_built_without_torchvision():
-    """Importing torchvision imports torch._dynamo (1.5 s of CPU): the planner's model checks and the rank's model
-    build import it for a torchvision model only, so a cnn-tiny run (the tests' TINY) and its harness start without."""
+    """Importing torchvision imports torch._dynamo (1.5 s of CPU): the planner's model checks, the rank's model
+    build and the numerics probe's search for residual blocks import it for a torchvision model only, so a cnn-tiny
+    run (the tests' TINY) and its harness start without."""
     code = ("import sys; from bench.commands._plan import check_image_size, check_model; from backends import models; "
             "check_model('cnn-tiny'); check_image_size('cnn-tiny', 32); "
-            "models.workload('cnn-tiny', 32, None, False).build(); "
+            "model = models.workload('cnn-tiny', 32, None, False).build(); "
+            "assert models.find_blocks(model) == list(model.blocks); "  # the numerics probe asks it in every rank
             "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from typing import Any
 
 import torch
@@ -77,14 +78,16 @@ class Workload:
 def find_blocks(model: torch.nn.Module) -> list[torch.nn.Module] | None:
     """A model's repeated units: the ones a user's factory named (``blocks``), a transformer's layers
     (``model.blocks``, a ModuleList: gpt-<size>), or torchvision's residual blocks; None when it has none."""
-    from torchvision.models.resnet import BasicBlock, Bottleneck
-
     named = getattr(model, "_bench_blocks", None)
     if named:
         return list(named)
     if isinstance(getattr(model, "blocks", None), torch.nn.ModuleList):
         return list(model.blocks)
-    return [m for m in model.modules() if isinstance(m, (BasicBlock, Bottleneck))] or None
+    # torchvision's ResNet blocks exist only where their module was imported: a cnn-tiny rank never imports it
+    resnet = sys.modules.get("torchvision.models.resnet")
+    if resnet is None:
+        return None
+    return [m for m in model.modules() if isinstance(m, (resnet.BasicBlock, resnet.Bottleneck))] or None
 
 
 class VisionWorkload(Workload):
