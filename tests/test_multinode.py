@@ -12,13 +12,8 @@ import sys
 import pytest
 
 from tests.conftest import REPO, TINY, bench, cli_error, records
+from bench.launch.run import free_port
 from tests.test_faults import _leftovers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_node(rank: int, port: int, results, *args, timeout=60):
