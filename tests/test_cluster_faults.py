@@ -105,6 +105,15 @@ def test_a_lost_node_is_named_within_30_s_with_its_phase_and_nothing_is_left(tmp
                 p.communicate()
 
 
+def _watching(p: psutil.Process) -> bool:
+    """``p`` watches its harness: it holds the pidfd that bench/rank/lifeline.py watch_harness opens."""
+    try:
+        fds = os.listdir(f"/proc/{p.pid}/fd")
+        return any(os.readlink(f"/proc/{p.pid}/fd/{fd}") == "anon_inode:[pidfd]" for fd in fds)
+    except OSError:
+        return False
+
+
 def _members(harness_pid: int) -> list[psutil.Process]:
     """Every process started for a run by this harness: they carry its pid in BENCH_HARNESS."""
     found = []
@@ -121,20 +130,26 @@ def _members(harness_pid: int) -> list[psutil.Process]:
 def test_a_harness_killed_with_sigkill_takes_every_process_of_its_run_with_it(tmp_path):
     """bench run killed with SIGKILL mid-run (an OOM killer, a CI runner's hard cancel), on every launcher at once:
     torchrun (its agent and 2 ranks), torch.multiprocessing.spawn (a parent and 2 ranks), in process (1 rank) and
-    horovodrun (when built). Nothing of the run is left a few seconds later."""
-    cases = {"torchrun": ("ddp", 2, 3), "spawn": ("ddp_spawn", 2, 3), "inproc": ("single", 1, 1)}
+    horovodrun (when built). Nothing of the run is left a few seconds later.
+
+    Mid-run: each rank's harness watch holds its pidfd. A rank killed before that (still importing torch: a spawned
+    rank imports it unpickling torch.multiprocessing.spawn's _wrap, before any of the suite's code) exits when its
+    watch starts and finds the harness gone; that took over 20 s once, 4 runs importing at once on a slow hour."""
+    # launcher: (backend, ranks, processes of the run, of them watching the harness: the ranks, and spawn's parent)
+    cases = {"torchrun": ("ddp", 2, 3, 2), "spawn": ("ddp_spawn", 2, 3, 3), "inproc": ("single", 1, 1, 1)}
     if hvd_backend.problem() is None:
-        cases["horovodrun"] = ("horovod", 2, 3)
+        cases["horovodrun"] = ("horovod", 2, 3, 2)
     elif os.environ.get("BENCH_REQUIRE_HOROVOD") == "1":
         pytest.fail(f"BENCH_REQUIRE_HOROVOD=1 but {hvd_backend.problem()}")
     procs = {name: _bench_popen("--backends", b, "--gpus", n, *ENDLESS, "--results", tmp_path / name)
-             for name, (b, n, _) in cases.items()}
+             for name, (b, n, *_) in cases.items()}
     try:
         pending, deadline = dict(procs), time.monotonic() + 240
         while pending and time.monotonic() < deadline:
             for name, proc in list(pending.items()):
                 assert proc.poll() is None, proc.communicate()[0]
-                if len(_members(proc.pid)) >= cases[name][2]:  # the launcher and its ranks are up
+                members = _members(proc.pid)
+                if len(members) >= cases[name][2] and sum(map(_watching, members)) >= cases[name][3]:
                     time.sleep(2)
                     proc.kill()
                     proc.wait()
