@@ -103,7 +103,6 @@ def test_the_plan_runs_launches_at_once_on_their_own_cores_and_leaves_out_what_t
     """The runner with stand-in launches (a `bench` command that fails in a second, one that sleeps): each launch in its
     own folder with its log, on its slice of the cores, at most `jobs` at once; past the deadline nothing starts."""
     import os
-    import time
 
     cpus = sorted(os.sched_getaffinity(0))
     quick = gpu_plan.Launch("quick", ("run", "--backends", "nope"), "an unknown backend", ("single",), "bf16")
@@ -111,10 +110,12 @@ def test_the_plan_runs_launches_at_once_on_their_own_cores_and_leaves_out_what_t
     late = gpu_plan.Launch("late", ("run",), "never started")
     missing = gpu_plan.Launch("missing", ("run", "--backends", "horovod"), "a backend this machine lacks", ("horovod",))
     said = []
-    start = time.monotonic()
     why = lambda argv: "horovod is not installed (make horovod)" if "horovod" in argv else None  # noqa: E731
-    manifest = gpu_plan.run([quick, bad, missing, late], tmp_path, jobs=2, deadline=start + 0.1, say=said.append,
-                            cpus=cpus, skip=why)
+    # the plan's clock passes the deadline (1.0) once two launches have started, however long starting them took
+    # (a deadline 0.1 s of real time away once passed before the second had started, on a slow hour)
+    clock = lambda: 2.0 if sum(": started (" in line for line in said) >= 2 else 0.0  # noqa: E731
+    manifest = gpu_plan.run([quick, bad, missing, late], tmp_path, jobs=2, deadline=1.0, say=said.append,
+                            cpus=cpus, skip=why, clock=clock)
     assert manifest["complete"] is True and manifest["jobs"] == min(2, len(cpus))
     got = manifest["launches"]
     assert got["quick"]["status"] == "failed" and got["quick"]["rc"] == 2 and got["bad"]["status"] == "failed"
