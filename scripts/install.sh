@@ -7,8 +7,9 @@
 #                 the driver) and whatever else PYTHON already has; install the rest at their locked versions.
 #   WHEELS=DIR    install from the wheels in DIR only, for a machine with no package registry.
 # With a registry, and UV_VERSION and UV_VENV set (the Makefile sets both: make lock's uv, in .tools/lock-venv), uv
-# installs the lock's files, hashes checked as pip checks them and bytecode compiled as pip compiles it: 45 s against
-# pip's 104 s for the whole lock on the 2-core VM. Without them, from a folder, or where uv cannot be had: pip.
+# installs the lock's files, hashes checked as pip checks them and bytecode compiled as pip compiles it: a fresh .venv
+# in 66-74 s against pip's 148-183 s on the 2-core VM (docs/tests.md). Without them, from a folder, or where uv cannot
+# be had: pip.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:?usage: scripts/install.sh VENV PYTHON [TORCH] [WHEELS]}"; PYTHON="${2:?}"; TORCH="${3:-locked}"; WHEELS="${4:-}"
@@ -48,7 +49,9 @@ SELECTED="$VENV/.lock-selected.txt"
 PIP=(-m pip install -q --disable-pip-version-check --no-deps)
 [[ -n "$WHEELS" ]] && PIP+=(--no-index --find-links "$WHEELS")
 UV_VERSION="${UV_VERSION:-}"; UV_VENV="${UV_VENV:-}"
-uv_ready() { [[ -n "$UV_VERSION" && -x "$UV_VENV/bin/uv" && "$("$UV_VENV/bin/uv" --version 2>/dev/null)" == "uv $UV_VERSION"* ]]; }
+uv_ready() {  # make lock's uv, at the Makefile's version
+  [[ -n "$UV_VERSION" && -x "$UV_VENV/bin/uv" && "$("$UV_VENV/bin/uv" --version 2>/dev/null)" == "uv $UV_VERSION"* ]]
+}
 if [[ -s "$SELECTED" && -z "$WHEELS" && -n "$UV_VERSION" && -n "$UV_VENV" ]] && ! uv_ready; then
   { [[ -x "$UV_VENV/bin/python" ]] || "$PYTHON" -m venv "$UV_VENV"; } && \
     "$UV_VENV/bin/python" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION" \
