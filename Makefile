@@ -38,7 +38,7 @@ venv:
 UV_VERSION ?= 0.13.9
 LOCK_VENV  := .tools/lock-venv
 lock:
-	@[ -x $(LOCK_VENV)/bin/uv ] || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install -q uv==$(UV_VERSION); }
+	@scripts/uv.sh $(LOCK_VENV) $(UV_VERSION) $(PYTHON) > /dev/null
 	$(LOCK_VENV)/bin/uv pip compile pyproject.toml --extra dev --extra build --extra trace \
 	  --excludes scripts/lock-excludes.txt --universal --fork-strategy fewest \
 	  --generate-hashes --quiet $(if $(UPGRADE),--upgrade) -o requirements.lock

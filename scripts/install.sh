@@ -48,17 +48,13 @@ SELECTED="$VENV/.lock-selected.txt"
 "$PY" "$REPO/scripts/lockfile.py" select --mode "$TORCH" -o "$SELECTED" ${WHEELS:+--wheels "$WHEELS"}  # exit 1: stale lock
 PIP=(-m pip install -q --disable-pip-version-check --no-deps)
 [[ -n "$WHEELS" ]] && PIP+=(--no-index --find-links "$WHEELS")
-UV_VERSION="${UV_VERSION:-}"; UV_VENV="${UV_VENV:-}"
-uv_ready() {  # make lock's uv, at the Makefile's version
-  [[ -n "$UV_VERSION" && -x "$UV_VENV/bin/uv" && "$("$UV_VENV/bin/uv" --version 2>/dev/null)" == "uv $UV_VERSION"* ]]
-}
-if [[ -s "$SELECTED" && -z "$WHEELS" && -n "$UV_VERSION" && -n "$UV_VENV" ]] && ! uv_ready; then
-  { [[ -x "$UV_VENV/bin/python" ]] || "$PYTHON" -m venv "$UV_VENV"; } && \
-    "$UV_VENV/bin/python" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION" \
-    || echo "make: could not install uv $UV_VERSION into $UV_VENV; installing with pip" >&2
+UV=""
+if [[ -s "$SELECTED" && -z "$WHEELS" && -n "${UV_VERSION:-}" && -n "${UV_VENV:-}" ]]; then
+  UV="$("$REPO/scripts/uv.sh" "$UV_VENV" "$UV_VERSION" "$PYTHON")" \
+    || { UV=""; echo "make: could not install uv $UV_VERSION into $UV_VENV; installing with pip" >&2; }
 fi
-if [[ -s "$SELECTED" && -z "$WHEELS" ]] && uv_ready; then
-  "$UV_VENV/bin/uv" pip install -q --python "$PY" --no-deps --require-hashes --compile-bytecode -r "$SELECTED"
+if [[ -n "$UV" ]]; then
+  "$UV" pip install -q --python "$PY" --no-deps --require-hashes --compile-bytecode -r "$SELECTED"
 elif [[ -s "$SELECTED" ]]; then
   "$PY" "${PIP[@]}" --require-hashes -r "$SELECTED"
 fi
