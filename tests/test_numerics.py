@@ -109,7 +109,8 @@ def probed(tmp_path_factory):
 @pytest.mark.slow
 def test_every_backend_computes_what_single_computes_at_bf16_by_default(probed):
     got = {name: probed[f"{name} {{}} bf16"] for name in ("single", "ddp", "fsdp2", "ds_zero2")}
-    assert all("crashed" not in v for v in got.values()), got
+    crashed = {k: v["crashed"] for k, v in got.items() if "crashed" in v}
+    assert not crashed, crashed
     assert probed["twin: ds_zero2 (bf16 loss call)"]["loss_call"] == [True, "bfloat16"]  # its plain twin, as the backend
     for name, seen in got.items():
         assert {k: seen["numerics"][k] for k in AUTOCAST} == AUTOCAST, name
@@ -130,13 +131,21 @@ def test_every_backend_computes_what_single_computes_at_bf16_by_default(probed):
 @pytest.mark.parametrize("precision,half", [("bf16", "bfloat16"), ("fp16", "float16")])
 def test_fsdp2_and_deepspeed_match_singles_numerics_by_default_and_differ_only_when_asked(probed, precision, half):
     got = {k.removesuffix(f" {precision}"): v for k, v in probed.items() if k.endswith(f" {precision}")}
-    assert all("crashed" not in v for v in got.values()), got
+    ds_half = 'ds_zero2 {"ds_mp": "params"}'
+    if precision == "fp16" and not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        # DeepSpeed's CPU accelerator offers fp16 only where oneDNN computes it (AVX512-FP16 or AMX-FP16: Sapphire
+        # Rapids and later; an AMD EPYC VM here has neither) and its half model refuses it in these words; the
+        # autocast modes run fp16 on any CPU. On such a CPU this case is that refusal, and the bf16 case checks the mode.
+        assert got.pop(ds_half) == {"crashed": "ValueError: Type fp16 is not supported on your device."}
+    crashed = {k: v["crashed"] for k, v in got.items() if "crashed" in v}
+    assert not crashed, crashed
     single = got["single {}"]["signature"]
     assert single == signature(AUTOCAST, half)
     assert got["fsdp2 {}"]["signature"] == got["ds_zero2 {}"]["signature"] == single
     assert got['fsdp2 {"fsdp_mp": "params"}']["signature"] == signature(HALF, half)
-    assert got['ds_zero2 {"ds_mp": "params"}']["signature"] == signature(HALF, half)
-    assert got['ds_zero2 {"ds_mp": "params"}']["loss_call"] == [False, "float32"]  # DeepSpeed's own half model
+    if ds_half in got:
+        assert got[ds_half]["signature"] == signature(HALF, half)
+        assert got[ds_half]["loss_call"] == [False, "float32"]  # DeepSpeed's own half model
     assert got["ds_zero2 {}"]["loss_call"] == got["single {}"]["loss_call"] == [True, half]
     for case, seen in got.items():  # fp16: a loss scaler in every mode; the optimizer fused wherever torch has it
         assert (seen["loss_scale"] is not None) is (precision == "fp16"), case
