@@ -39,6 +39,8 @@ sys.dont_write_bytecode = False
 
 import torch  # noqa: E402
 
+from tests import cpu_time  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 
 # The smallest run that still exercises everything: cnn-tiny (convolutions with BatchNorm, 24 k parameters; no
@@ -153,9 +155,11 @@ def _gpu_slot():
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if not (item.get_closest_marker("gpu") and torch.cuda.is_available()):
-        return (yield)
-    with _gpu_slot():
+    with contextlib.ExitStack() as stack:
+        if _CPU_DIR:
+            stack.enter_context(cpu_time.measure(item.nodeid, Path(_CPU_DIR)))
+        if item.get_closest_marker("gpu") and torch.cuda.is_available():
+            stack.enter_context(_gpu_slot())
         return (yield)
 
 
@@ -199,9 +203,34 @@ _DONE: dict[str, dict] = {}
 _CONFIG = None
 
 
+# Each test's CPU time (tests/cpu_time.py), one folder per session: the controller makes it and its xdist workers
+# write into it; a pytest that a test starts (the doctor's, the install test's) counts as that test's CPU and writes
+# nothing. make test's passes also time a fresh `import torch` first, and print both at the end.
+_CPU_DIR: str | None = None
+_CALIBRATION: dict | None = None
+
+
 def pytest_configure(config):
-    global _CONFIG
+    global _CONFIG, _CPU_DIR, _CALIBRATION
     _CONFIG = config
+    if hasattr(config, "workerinput"):
+        _CPU_DIR = os.environ.get("BENCH_TEST_CPU_DIR")
+    elif "BENCH_TEST_CPU_DIR" in os.environ:
+        del os.environ["BENCH_TEST_CPU_DIR"]
+    else:
+        _CPU_DIR = os.environ["BENCH_TEST_CPU_DIR"] = tempfile.mkdtemp(prefix="bench-test-cpu-")
+        _OWNED.append(_CPU_DIR)
+        if PHASE in ("rest", "quiet"):
+            _CALIBRATION = cpu_time.calibrate()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _CPU_DIR and not hasattr(_CONFIG, "workerinput"):
+        lines = cpu_time.summary(Path(_CPU_DIR), _CALIBRATION)
+        if lines:
+            terminalreporter.section("CPU time")
+            for line in lines:
+                terminalreporter.write_line(line)
 
 
 def pytest_unconfigure(config):
