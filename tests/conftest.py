@@ -205,7 +205,7 @@ _CONFIG = None
 
 # Each test's CPU time (tests/cpu_time.py), one folder per session: the controller makes it and its xdist workers
 # write into it; a pytest that a test starts (the doctor's, the install test's) counts as that test's CPU and writes
-# nothing. make test's passes also time a fresh `import torch` first, and print both at the end.
+# nothing. make test's first pass also times a fresh `import torch` before its tests, and prints both at the end.
 _CPU_DIR: str | None = None
 _CALIBRATION: dict | None = None
 
@@ -220,7 +220,7 @@ def pytest_configure(config):
     else:
         _CPU_DIR = os.environ["BENCH_TEST_CPU_DIR"] = tempfile.mkdtemp(prefix="bench-test-cpu-")
         _OWNED.append(_CPU_DIR)
-        if PHASE in ("rest", "quiet"):
+        if PHASE == "rest":  # make test's first pass (the quiet pass, started right after it, would say the same)
             _CALIBRATION = cpu_time.calibrate()
 
 

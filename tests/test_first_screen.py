@@ -70,6 +70,18 @@ def report_of(tmp_path, recs, name="rep"):
     return (out / "REPORT.md").read_text(), pd.read_csv(out / "summary.csv"), console.getvalue(), out
 
 
+@pytest.fixture(scope="module")
+def busy_report(tmp_path_factory):
+    """The busy sweep's report, built once for the tests that only read it (the console's and the page's)."""
+    return report_of(tmp_path_factory.mktemp("busy"), busy_sweep())
+
+
+@pytest.fixture(scope="module")
+def quiet_report(tmp_path_factory):
+    """The quiet sweep's report, built once for the tests that only read it."""
+    return report_of(tmp_path_factory.mktemp("quiet"), quiet_sweep())
+
+
 def verdict_lines(console: str) -> list[str]:
     return console.split("\n== Verdict\n")[1].rstrip("\n").split("\n")
 
@@ -77,8 +89,8 @@ def verdict_lines(console: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # The console: the verdict last, short, in a fixed order; each warning once
 
-def test_the_console_verdict_of_a_busy_machine_is_short_and_in_order(tmp_path):
-    md, _, console, out = report_of(tmp_path, busy_sweep())
+def test_the_console_verdict_of_a_busy_machine_is_short_and_in_order(busy_report):
+    md, _, console, out = busy_report
     lines = verdict_lines(console)
     assert lines == [
         "On CPU: Xeon:",
@@ -117,8 +129,8 @@ def test_the_console_verdict_of_a_busy_machine_is_short_and_in_order(tmp_path):
     # 'Only X ran here' groups say nothing worth the first screen: none here, and none on the quiet machine's either
 
 
-def test_the_console_verdict_of_a_quiet_machine_names_the_winner(tmp_path):
-    _, _, console, _ = report_of(tmp_path, quiet_sweep())
+def test_the_console_verdict_of_a_quiet_machine_names_the_winner(quiet_report):
+    _, _, console, _ = quiet_report
     lines = verdict_lines(console)
     assert lines == [
         "On CPU: Xeon:",
@@ -274,8 +286,8 @@ def test_figures_built_on_a_disturbed_baseline_or_beyond_the_limits_show_the_rea
     assert "split" not in drawn and "efficiency" in drawn
 
 
-def test_a_clean_sweep_draws_every_figure(tmp_path):
-    md, csv, _, _ = report_of(tmp_path, quiet_sweep())
+def test_a_clean_sweep_draws_every_figure(quiet_report):
+    md, csv, _, _ = quiet_report
     assert "⚠" not in md and csv.withheld.isna().all()
     assert "| ddp | 2 | fp32 | 71.0 img/s | 88.8 % |  |" in md  # 71 / (2 x 40)
 
@@ -326,8 +338,8 @@ def first_screen(browser, out) -> dict:
     return json.loads(got["value"])
 
 
-def test_report_html_first_screen_on_a_busy_machine(tmp_path, viewport):
-    md, _, console, out = report_of(tmp_path, busy_sweep())
+def test_report_html_first_screen_on_a_busy_machine(busy_report, viewport):
+    md, _, console, out = busy_report
     seen = first_screen(viewport, out)
     # the whole verdict fits the first viewport, first: what was fastest and why no winner, what did not run, then
     # one line per kind of warning; the console's lines, as the page shows them (`code` without its backticks)
@@ -346,8 +358,8 @@ def test_report_html_first_screen_on_a_busy_machine(tmp_path, viewport):
     not_a_wall(seen, items)
 
 
-def test_report_html_first_screen_on_a_quiet_machine(tmp_path, viewport):
-    _, _, _, out = report_of(tmp_path, quiet_sweep())
+def test_report_html_first_screen_on_a_quiet_machine(quiet_report, viewport):
+    _, _, _, out = quiet_report
     seen = first_screen(viewport, out)
     assert seen["verdict_fits"] and seen["headings"][0] == "Verdict"
     items = [text for section, text in seen["items"] if section == "verdict"]
