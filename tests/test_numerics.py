@@ -5,7 +5,6 @@ compute differently and say so; the verdict names no winner between backends tha
 precision flag."""
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -99,10 +98,9 @@ def _probe_every_case(rank: int, port: int, out: str) -> None:
 def probed(tmp_path_factory):
     skip_without("deepspeed")
     out = tmp_path_factory.mktemp("numerics") / "seen.json"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_probe_every_case, args=(port, str(out)), nprocs=1, join=True)
+    from bench.launch.run import free_port
+
+    torch.multiprocessing.spawn(_probe_every_case, args=(free_port(), str(out)), nprocs=1, join=True)
     return json.loads(out.read_text())
 
 
