@@ -72,4 +72,18 @@ def summary(folder: Path, calibration: dict | None = None, top: int = 10) -> lis
         m[0], m[1], m[2] = m[0] + t["cpu"], m[1] + t["wall"], m[2] + 1
     for name, (c, w, n) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:top]:
         lines.append(f"{c:8.1f} s CPU {w:8.1f} s wall {n:4d} tests  {name}")
-    return lines
+    return lines + _workers(folder, min(t["start"] for t in tests))
+
+
+def _workers(folder: Path, began: float) -> list[str]:
+    """Under xdist, a line per worker (one file each): when its last test ended, counted from the pass's first test,
+    and what that test was. A worker that ends long before the other idled while the pass went on."""
+    ends = []
+    for f in sorted(Path(folder).glob("*.jsonl")):
+        tests = [json.loads(ln) for ln in f.read_text().splitlines() if ln]
+        last = max(tests, key=lambda t: t["start"] + t["wall"])
+        ends.append((last["start"] + last["wall"] - began, len(tests), sum(t["cpu"] for t in tests), last))
+    if len(ends) < 2:
+        return []
+    return [f"worker {i}: {n} tests, {cpu:,.0f} s CPU, its last test ended at {end:,.0f} s "
+            f"({last['test']}, {last['wall']:.1f} s)" for i, (end, n, cpu, last) in enumerate(sorted(ends), 1)]

@@ -40,6 +40,8 @@ def test_the_summary_adds_the_workers_lines_up_per_module(tmp_path):
         "reaped)",
         "    30.0 s CPU     20.0 s wall    1 tests  tests/b.py",
         "    20.0 s CPU     15.0 s wall    2 tests  tests/a.py",
+        "worker 1: 2 tests, 20 s CPU, its last test ended at 15 s (tests/a.py::t2, 5.0 s)",
+        "worker 2: 2 tests, 30 s CPU, its last test ended at 20 s (tests/b.py::t1, 20.0 s)",
     ]
     assert cpu_time.summary(tmp_path / "none") == []
 
