@@ -24,6 +24,11 @@ _OWNED: list[str] = []
 if "BENCH_PEAK_CACHE" not in os.environ:
     os.environ["BENCH_PEAK_CACHE"] = tempfile.mkdtemp(prefix="bench-test-peak-")
     _OWNED.append(os.environ["BENCH_PEAK_CACHE"])
+# The same for the FLOP counts (backends/models/flops.py): the session's first `bench run` of a model counts it, the
+# others read the count.
+if "BENCH_FLOPS_CACHE" not in os.environ:
+    os.environ["BENCH_FLOPS_CACHE"] = tempfile.mkdtemp(prefix="bench-test-flops-")
+    _OWNED.append(os.environ["BENCH_FLOPS_CACHE"])
 # The runs several test modules read (shared_run below), one folder per session, inherited by the xdist workers.
 if "BENCH_TEST_SHARED_DIR" not in os.environ:
     os.environ["BENCH_TEST_SHARED_DIR"] = tempfile.mkdtemp(prefix="bench-test-shared-")

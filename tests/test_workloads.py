@@ -72,6 +72,56 @@ def test_gpt_flops_count_the_matmuls_and_attention():
     assert 0.9 * 6 * params * 64 < per_seq < 6 * params * 64 + 24 * 4 * 64 * 64 * 256
 
 
+def test_a_flop_count_is_made_once_per_key_and_read_back_by_a_later_process(tmp_path, monkeypatch):
+    """backends/models/flops.py's cache: the first ask counts and keeps the count under its key; a later process (the
+    in-process cache cleared) reads it without counting; another torch, an edited model or a garbled file is counted
+    again; a cache that cannot be written still gives the count."""
+    from importlib import metadata
+
+    monkeypatch.setenv("BENCH_FLOPS_CACHE", str(tmp_path / "flops"))
+    counted, real = [], flops.count
+    monkeypatch.setattr(flops, "count", lambda *a: counted.append(a) or real(*a))
+    flops.flops_per_sample.cache_clear()
+    first = flops.flops_per_sample("cnn-tiny", 32)
+    assert counted == [("cnn-tiny", 32, None)] and first == real("cnn-tiny", 32) == 15929088.0
+    [entry] = (tmp_path / "flops").glob("*.json")
+    key = {"model": "cnn-tiny", "image_size": 32, "seq_len": None, "torch": metadata.version("torch"),
+           "torchvision": metadata.version("torchvision"), "code": flops.cache_key("cnn-tiny", 32, None)["code"]}
+    assert json.loads(entry.read_text()) == {"schema": "flops-1", "key": key, "flops_per_sample": first}
+    flops.flops_per_sample.cache_clear()
+    assert flops.flops_per_sample("cnn-tiny", 32) == first and len(counted) == 1  # read back
+    entry.write_text("{not json")
+    flops.flops_per_sample.cache_clear()
+    assert flops.flops_per_sample("cnn-tiny", 32) == first and len(counted) == 2  # garbled: counted, and rewritten
+    assert json.loads(entry.read_text())["flops_per_sample"] == first
+    entry.write_text(json.dumps({"schema": "flops-1", "key": {**key, "torch": "0.1"}, "flops_per_sample": 1.0}))
+    flops.flops_per_sample.cache_clear()
+    assert flops.flops_per_sample("cnn-tiny", 32) == first and len(counted) == 3  # another key's count: not read
+    # another torch: another key, counted again, beside the first entry
+    monkeypatch.setattr(flops, "cache_key", lambda *a, k=flops.cache_key: {**k(*a), "torch": "9.9.9"})
+    flops.flops_per_sample.cache_clear()
+    assert flops.flops_per_sample("cnn-tiny", 32) == first and len(counted) == 4
+    assert len(list((tmp_path / "flops").glob("*.json"))) == 2
+    monkeypatch.undo()
+    # an edited model (any file of backends/models/) is another key
+    package = tmp_path / "models"
+    package.mkdir()
+    for f in flops._PACKAGE.glob("*.py"):
+        (package / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(flops, "_PACKAGE", package)
+    before = flops.cache_key("cnn-tiny", 32, None)
+    assert before == flops.cache_key("cnn-tiny", 32, None)  # the same files, the same key
+    (package / "__init__.py").write_text((package / "__init__.py").read_text() + "\n# edited\n")
+    assert flops.cache_key("cnn-tiny", 32, None) == {**before, "code": flops.cache_key("cnn-tiny", 32, None)["code"]}
+    assert flops.cache_key("cnn-tiny", 32, None)["code"] != before["code"]
+    # a cache that cannot be written (its folder is a file): the count all the same
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("BENCH_FLOPS_CACHE", str(tmp_path / "file" / "flops"))
+    flops.flops_per_sample.cache_clear()
+    assert flops.flops_per_sample("cnn-tiny", 32) == first
+    flops.flops_per_sample.cache_clear()
+
+
 def test_adamw_and_sgd_are_built_as_stated_for_every_backend_kind():
     p = [torch.nn.Parameter(torch.zeros(2))]
     adamw = make_optimizer(cfg_for(), p)

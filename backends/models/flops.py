@@ -3,16 +3,84 @@
 memory, no compute). A multiply-add counts as two FLOPs, so ResNet-50 at 224 px is about 8.2 GFLOP forward (4.1 GMAC)
 and about 3x that for training (the backward pass computes gradients of both inputs and weights). The planner and the
 report count here (MFU itself: bench/core/mfu.py).
+
+A count is kept in a cache, one small JSON file per key (``BENCH_FLOPS_CACHE``, else
+``$XDG_CACHE_HOME/torch-parallel-bench/flops``, else ``~/.cache/...``): the counter is a ``TorchDispatchMode``, and
+torch imports ``torch._dynamo`` at its first dispatch, 1.2 of the 2.9 s of CPU a ``python -m bench run`` spent before
+it launched anything. The key is everything the count depends on: the model, its input shape, torch's and
+torchvision's versions, and the source of this package (``backends/models/``), so an edited model is counted again.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from functools import lru_cache
+from pathlib import Path
+
+FLOPS_SCHEMA = "flops-1"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def cache_dir() -> Path:
+    if os.environ.get("BENCH_FLOPS_CACHE"):
+        return Path(os.environ["BENCH_FLOPS_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "torch-parallel-bench" / "flops"
+
+
+def cache_key(model: str, image_size: int | None, seq_len: int | None) -> dict:
+    """What a count depends on. The versions are the installed distributions' (no import of either package)."""
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    code = hashlib.sha256()
+    for f in sorted(_PACKAGE.glob("*.py")):
+        code.update(f.name.encode() + b"\0" + f.read_bytes())
+    return {"model": model, "image_size": image_size, "seq_len": seq_len, "torch": version("torch"),
+            "torchvision": version("torchvision"), "code": code.hexdigest()[:16]}
+
+
+def _entry_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / f"{key['model']}-{key['image_size']}px-seq{key['seq_len']}-{digest}.json"
+
 
 @lru_cache(maxsize=None)
 def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = None) -> float:
     """Training FLOPs (forward + backward) per sample (an image, or a sequence of ``seq_len`` tokens for gpt-<size>:
-    the counter includes attention's), counted on the meta device. A user's model (``pkg.mod:factory``) is not
-    counted: it would be built in this process, on the CPU."""
+    the counter includes attention's), counted on the meta device, or read from the cache where this key was counted
+    before. A user's model (``pkg.mod:factory``) is not counted: it would be built in this process, on the CPU."""
+    from bench.core import workloads
+
+    if workloads.of(model).kind == "custom":
+        raise ValueError("a user's model is not counted (it would be built in the harness)")
+    key = cache_key(model, image_size, seq_len)
+    path = _entry_path(key)
+    try:
+        entry = json.loads(path.read_text())
+        if entry.get("schema") == FLOPS_SCHEMA and entry.get("key") == key:
+            return float(entry["flops_per_sample"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass  # absent, unreadable or another key's: counted below
+    flops = count(model, image_size, seq_len)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"schema": FLOPS_SCHEMA, "key": key, "flops_per_sample": flops}))
+        os.replace(tmp, path)  # whole or not at all, whichever of two writers comes last
+    except OSError:
+        pass  # a read-only cache: counted again next time
+    return flops
+
+
+def count(model: str, image_size: int | None, seq_len: int | None = None) -> float:
+    """The count itself, on the meta device (no cache)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -20,8 +88,6 @@ def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = N
     from bench.core import workloads
 
     kind = workloads.of(model).kind
-    if kind == "custom":
-        raise ValueError("a user's model is not counted (it would be built in the harness)")
     workload = models.workload(model, image_size, seq_len, False)
     gen = torch.Generator().manual_seed(0)
     with torch.device("meta"):
