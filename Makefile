@@ -117,19 +117,15 @@ list: venv
 # Tests run in TEST_JOBS processes (pytest-xdist; default: the cores this job may use), each test module on one
 # process (--dist loadscope: its module fixtures run once); a `gpu` test holds a lock while it runs (tests/conftest.py),
 # so one GPU is never shared by two tests. `make test` prints the 15 slowest items (set-up included).
-# TEST_JOBS=1 runs them in this process. Two passes (BENCH_TEST_PHASE, tests/conftest.py): every test but the few
-# marked `quiet`, then those alone in one process (a timing check that needs the other cores idle, not a busy
-# neighbour's). pytest exits 5 when it collected no tests: a suite that tests nothing is a failure, said plainly (one
-# pass with nothing to run is not, when the other ran tests).
+# TEST_JOBS=1 runs them in this process. BENCH_TEST_CALIBRATE=1: the run first times a fresh `import torch` and prints
+# it with where the CPU went (tests/cpu_time.py). pytest exits 5 when it collected no tests: a suite that tests nothing
+# is a failure, said plainly.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 XDIST     := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadscope)
 test: install
-	@echo '$(strip BENCH_TEST_PHASE=rest $(PY) -m pytest -q -rs --durations=15 $(XDIST) tests $(ARGS))'; \
-	BENCH_TEST_PHASE=rest $(PY) -m pytest -q -rs --durations=15 $(XDIST) tests $(ARGS); rest=$$?; \
-	echo '$(strip BENCH_TEST_PHASE=quiet $(PY) -m pytest -q -rs --durations=5 tests $(ARGS))'; \
-	BENCH_TEST_PHASE=quiet $(PY) -m pytest -q -rs --durations=5 tests $(ARGS); quiet=$$?; \
-	if [ $$rest -eq 5 ] && [ $$quiet -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 5; fi; \
-	for status in $$rest $$quiet; do if [ $$status -ne 0 ] && [ $$status -ne 5 ]; then exit $$status; fi; done
+	@echo '$(strip BENCH_TEST_CALIBRATE=1 $(PY) -m pytest -q -rs --durations=15 $(XDIST) tests $(ARGS))'; \
+	BENCH_TEST_CALIBRATE=1 $(PY) -m pytest -q -rs --durations=15 $(XDIST) tests $(ARGS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
 # The inner loop: the tests that launch no run, start no process group and train nothing (tests/conftest.py refuses
 # all three under BENCH_TEST_FAST=1, so a test that needs `@pytest.mark.slow` fails here instead of slowing it down).

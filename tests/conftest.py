@@ -168,33 +168,6 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
 
 
-# `make test` runs the suite in two passes (Makefile): BENCH_TEST_PHASE=rest, every test but those marked `quiet`, on
-# the xdist workers; then BENCH_TEST_PHASE=quiet, those alone, in one process. A `quiet` test times something on one
-# core and needs the others idle: beside the other worker's 2-rank runs the reference sweep's control (single against
-# its own twin) moved by 6 to 11% and the sweep was taken three times (about 180 s), or failed. Unset (a plain
-# pytest): every test, as selected.
-PHASE = os.environ.get("BENCH_TEST_PHASE")
-
-
-def pytest_ignore_collect(collection_path, config):
-    """The quiet pass imports only the test modules that mark a test quiet (a text search, no import): importing
-    every module to deselect all but three tests took 6 of the pass's 8 s of collection, with the other core idle."""
-    if PHASE == "quiet" and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return "mark.quiet" not in collection_path.read_text()
-    return None
-
-
-def pytest_collection_modifyitems(config, items):
-    if PHASE not in ("rest", "quiet"):
-        return
-    keep, drop = [], []
-    for item in items:
-        (keep if (item.get_closest_marker("quiet") is not None) == (PHASE == "quiet") else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
 # BENCH_TEST_LOG=FILE (bench doctor sets it): what happens to every test, one JSON object a line, appended and flushed
 # as it happens, so a check stopped by its time limit loses nothing: {"event": "collected", "tests": [...]} once,
 # {"event": "start", "test": id} as each starts, and {"event": "done", "test": id, "outcome": passed | failed | error |
@@ -225,7 +198,7 @@ def pytest_configure(config):
     else:
         _CPU_DIR = os.environ["BENCH_TEST_CPU_DIR"] = tempfile.mkdtemp(prefix="bench-test-cpu-")
         _OWNED.append(_CPU_DIR)
-        if PHASE == "rest":  # make test's first pass (the quiet pass, started right after it, would say the same)
+        if os.environ.get("BENCH_TEST_CALIBRATE") == "1":  # make test sets it
             _CALIBRATION = cpu_time.calibrate()
 
 

@@ -52,7 +52,7 @@ def test_a_pass_prints_its_cpu_and_a_pytest_a_test_starts_writes_none(tmp_path, 
     """The summary at the end of a pass, and none from a pytest started inside a test (its CPU is that test's)."""
     (tmp_path / "test_one.py").write_text(f"def test_burns():\n    {BURN.replace(chr(10), chr(10) + '    ')}\n")
     env = {k: v for k, v in os.environ.items() if k != "BENCH_TEST_CPU_DIR"}  # this session's, which a nested one sees
-    env.update(BENCH_TEST_PHASE="", PYTHONPATH=str(REPO))
+    env.update(BENCH_TEST_CALIBRATE="", PYTHONPATH=str(REPO))  # make test's: it would time an import of torch
     if nested:
         env["BENCH_TEST_CPU_DIR"] = str(tmp_path / "outer")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "--rootdir", tmp_path,
