@@ -460,24 +460,26 @@ def _kill_tree(pid: int) -> None:
 
 def _sweep(tmp):
     """single and dp (each step 50% slower: BENCH_FAULT dp/slow50) beside their twin, 3 interleaved repetitions; gpt-tiny
-    at 1 thread (~0.2 s of CPU per window); ``python -m bench run`` in a process of its own, at normal priority, in
-    make test's run beside the other worker's tests.
+    at 1 thread (~0.2 s of CPU per window); ``python -m bench run`` in a process of its own on one core (its affinity,
+    which every run and twin inherits: one core, one thread), at normal priority, in make test's run beside the other
+    worker's tests.
 
     It ran in a second pass of its own, alone, at real-time priority on one core (SCHED_RR), from when its control was
     4% (single against its twin: beside the other worker it read -6.1, -8.3 and +6.0%): a core idled for the sweep's
-    50-65 s in every make test. With the tolerance sized since (the test's docstring), four sweeps beside the contract
-    test's 2-rank runs read (single, dp) (-4.0, 32.7) and (1.4, 31.2) at SCHED_RR on one core, (-0.1, 32.8) and (-8.6,
-    31.9) at normal priority: well inside it. Real-time priority is gone with the pass: beside other tests it would
-    starve any process pinned to its core (test_compare.py pins its two sides). Past SWEEP_TIMEOUT_S the tree is
-    killed and the test fails saying so."""
+    50-65 s in every make test. With the tolerance sized since (the test's docstring), sweeps beside the contract
+    test's 2-rank runs read (single, dp) (-4.0, 32.7) and (1.4, 31.2) at SCHED_RR, (3.6, 33.8) and (3.1, 32.1) at
+    normal priority, on one core each time: well inside it. Real-time priority is gone with the pass: beside other
+    tests it would starve any process pinned to its core (test_compare.py pins its two sides). Past SWEEP_TIMEOUT_S the
+    tree is killed and the test fails saying so."""
     tmp.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "BENCH_FAULT"}
     env.update(BENCH_FAULT="dp/slow50@rank0", BENCH_PEAK_CACHE=str(tmp / "peak"), OMP_WAIT_POLICY="PASSIVE")
     args = ["run", "--backends", "single,dp", "--gpus", "1", "--device", "cpu", "--model", "gpt-tiny", "--seq-len",
             "64", "--batch-size", "4", "--warmup", "2", "--steps", "2", "--windows", "5", "--repeat", "3",
             "--reference", "--results", str(tmp / "raw")]
+    cpu = max(os.sched_getaffinity(0))
     with subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as p:
+                          stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu})) as p:
         try:
             out, err = p.communicate(timeout=SWEEP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
