@@ -183,7 +183,8 @@ _CONFIG = None
 
 # Each test's CPU time (tests/cpu_time.py), one folder per session: the controller makes it and its xdist workers
 # write into it; a pytest that a test starts (the doctor's, the install test's) counts as that test's CPU and writes
-# nothing. make test's first pass also times a fresh `import torch` before its tests, and prints both at the end.
+# nothing. make test (BENCH_TEST_CALIBRATE=1) also times a fresh `import torch` before its tests, and prints both at
+# the end.
 _CPU_DIR: str | None = None
 _CALIBRATION: dict | None = None
 

@@ -1,4 +1,4 @@
-"""Where `make test`'s CPU goes, printed at the end of each pass (tests/conftest.py calls this module).
+"""Where `make test`'s CPU goes, printed at the end of every pytest run (tests/conftest.py calls this module).
 
 On a 2-core machine the suite is CPU-bound (most of its CPU is rank processes importing torch), so wall time alone
 says little: the same code took 541 and 978 s of pytest on one VM within a day. Two readings make a run judgeable:
@@ -9,7 +9,7 @@ says little: the same code took 541 and 978 s of pytest on one VM within a day. 
 - ``measure(item)``: each test's CPU time, set-up and teardown included, in its pytest process and in every process
   that process waited for (the launches' harness, launchers and ranks: ``RUSAGE_CHILDREN`` counts a process once its
   parent has reaped it, all the way down), written one JSON line per test into the session's folder; ``summary`` adds
-  the workers' lines up per module: the CPU, the wall time, and how many cores the pass kept busy.
+  the workers' lines up per module: the CPU, the wall time, and how many cores the run kept busy.
 
 A process nobody reaped (killed and left to init) is not counted: the figures are a floor.
 """
@@ -53,7 +53,7 @@ def calibrate() -> dict:
 
 
 def summary(folder: Path, calibration: dict | None = None, top: int = 10) -> list[str]:
-    """The lines `make test` prints: the calibration, the pass's CPU against its wall time, and the ``top`` modules
+    """The lines `make test` prints: the calibration, the run's CPU against its wall time, and the ``top`` modules
     by CPU time (module: CPU, wall summed over its tests, tests)."""
     lines = []
     if calibration is not None:
@@ -76,8 +76,8 @@ def summary(folder: Path, calibration: dict | None = None, top: int = 10) -> lis
 
 
 def _workers(folder: Path, began: float) -> list[str]:
-    """Under xdist, a line per worker (one file each): when its last test ended, counted from the pass's first test,
-    and what that test was. A worker that ends long before the other idled while the pass went on."""
+    """Under xdist, a line per worker (one file each): when its last test ended, counted from the run's first test,
+    and what that test was. A worker that ends long before the other idled while the run went on."""
     ends = []
     for f in sorted(Path(folder).glob("*.jsonl")):
         tests = [json.loads(ln) for ln in f.read_text().splitlines() if ln]
@@ -86,4 +86,5 @@ def _workers(folder: Path, began: float) -> list[str]:
     if len(ends) < 2:
         return []
     return [f"worker {i}: {n} tests, {cpu:,.0f} s CPU, its last test ended at {end:,.0f} s "
-            f"({last['test']}, {last['wall']:.1f} s)" for i, (end, n, cpu, last) in enumerate(sorted(ends), 1)]
+            f"({last['test']}, {last['wall']:.1f} s)"
+            for i, (end, n, cpu, last) in enumerate(sorted(ends, key=lambda e: e[0]), 1)]

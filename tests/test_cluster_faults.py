@@ -74,6 +74,14 @@ LOST_NODE_CASES = {
 }
 
 
+def _named(p: psutil.Process) -> tuple:
+    """(pid, name) of a process left running, or (pid, "exited") when it ended while being looked at."""
+    try:
+        return p.pid, p.name()
+    except psutil.Error:
+        return p.pid, "exited"
+
+
 @pytest.fixture(scope="module")
 def lost_nodes(tmp_path_factory):
     """Each case's two nodes started (node 0 first: its agent hosts the store), then each survivor waited for in turn:
@@ -86,15 +94,15 @@ def lost_nodes(tmp_path_factory):
         for name, (victim, fault, survivor_fault) in LOST_NODE_CASES.items():
             port, d = free_port(), tmp / name
             faults = {victim: fault, 1 - victim: survivor_fault}
-            first = _node(0, port, d / "node0", faults[0])
-            _listening(port, first)  # node 0's agent hosts the store
-            cases[name] = (port, 1 - victim, {0: first, 1: _node(1, port, d / "node1", faults[1])})
+            cases[name] = (port, 1 - victim, {0: _node(0, port, d / "node0", faults[0])})  # killed below if need be
+            _listening(port, cases[name][2][0])  # node 0's agent hosts the store
+            cases[name][2][1] = _node(1, port, d / "node1", faults[1])
         ended = {}
         for name, (port, survivor, nodes) in cases.items():
             out, _ = nodes[survivor].communicate(timeout=300)
             ended[name] = {"dir": tmp / name, "port": port, "survivor": survivor,
                            "returncode": nodes[survivor].returncode, "output": out, "ended": time.time(),
-                           "left": [(p.pid, p.name()) for p in _leftovers(tmp / name / f"node{survivor}")]}
+                           "left": [_named(p) for p in _leftovers(tmp / name / f"node{survivor}")]}
         return ended
     finally:
         for name, (_, _, nodes) in cases.items():

@@ -114,12 +114,21 @@ def test_a_flop_count_is_made_once_per_key_and_read_back_by_a_later_process(tmp_
     (package / "__init__.py").write_text((package / "__init__.py").read_text() + "\n# edited\n")
     assert flops.cache_key("cnn-tiny", 32, None) == {**before, "code": flops.cache_key("cnn-tiny", 32, None)["code"]}
     assert flops.cache_key("cnn-tiny", 32, None)["code"] != before["code"]
+    # and so is another size in bench/core/workloads.py (cnn-tiny's widths, a GPT's layers)
+    sizes = tmp_path / "workloads.py"
+    sizes.write_bytes(flops._WORKLOADS.read_bytes())
+    monkeypatch.setattr(flops, "_WORKLOADS", sizes)
+    before = flops.cache_key("cnn-tiny", 32, None)
+    sizes.write_text(sizes.read_text().replace('SMALL_CNNS = {"cnn-tiny": ((16, 32, 64), 10)}',
+                                               'SMALL_CNNS = {"cnn-tiny": ((32, 64, 128), 10)}'))
+    assert flops.cache_key("cnn-tiny", 32, None)["code"] != before["code"]
     # a cache that cannot be written (its folder is a file): the count all the same
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("BENCH_FLOPS_CACHE", str(tmp_path / "file" / "flops"))
     flops.flops_per_sample.cache_clear()
     assert flops.flops_per_sample("cnn-tiny", 32) == first
     flops.flops_per_sample.cache_clear()
+    assert not list((tmp_path / "flops").glob(".*.tmp"))  # every write renamed into place, nothing left
 
 
 def test_adamw_and_sgd_are_built_as_stated_for_every_backend_kind():

@@ -8,18 +8,25 @@ A count is kept in a cache, one small JSON file per key (``BENCH_FLOPS_CACHE``, 
 ``$XDG_CACHE_HOME/torch-parallel-bench/flops``, else ``~/.cache/...``): the counter is a ``TorchDispatchMode``, and
 torch imports ``torch._dynamo`` at its first dispatch, 1.2 of the 2.9 s of CPU a ``python -m bench run`` spent before
 it launched anything. The key is everything the count depends on: the model, its input shape, torch's and
-torchvision's versions, and the source of this package (``backends/models/``), so an edited model is counted again.
+torchvision's versions, and the source of this package (``backends/models/``) and of ``bench/core/workloads.py``
+(the GPT sizes, the small CNNs' widths), so an edited model is counted again.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from bench.core import workloads as _workloads
+
 FLOPS_SCHEMA = "flops-1"
 _PACKAGE = Path(__file__).resolve().parent
+# what a model is made of besides this package: the GPT sizes and the small CNNs' widths, the kinds (bench/core)
+_WORKLOADS = Path(_workloads.__file__).resolve()
 
 
 def cache_dir() -> Path:
@@ -40,7 +47,7 @@ def cache_key(model: str, image_size: int | None, seq_len: int | None) -> dict:
             return None
 
     code = hashlib.sha256()
-    for f in sorted(_PACKAGE.glob("*.py")):
+    for f in [*sorted(_PACKAGE.glob("*.py")), _WORKLOADS]:
         code.update(f.name.encode() + b"\0" + f.read_bytes())
     return {"model": model, "image_size": image_size, "seq_len": seq_len, "torch": version("torch"),
             "torchvision": version("torchvision"), "code": code.hexdigest()[:16]}
@@ -71,9 +78,14 @@ def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = N
     flops = count(model, image_size, seq_len)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"schema": FLOPS_SCHEMA, "key": key, "flops_per_sample": flops}))
-        os.replace(tmp, path)  # whole or not at all, whichever of two writers comes last
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({"schema": FLOPS_SCHEMA, "key": key, "flops_per_sample": flops}))
+            os.replace(tmp, path)  # whole or not at all, whichever of two writers comes last
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # left only when the write failed
     except OSError:
         pass  # a read-only cache: counted again next time
     return flops
