@@ -59,7 +59,9 @@ def summary(folder: Path, calibration: dict | None = None, top: int = 10) -> lis
     if calibration is not None:
         lines.append(f"this machine: a fresh `import torch` took {calibration['cpu']:.2f} s of CPU, "
                      f"{calibration['wall']:.2f} s of wall time, before the tests")
-    tests = [json.loads(ln) for f in sorted(Path(folder).glob("*.jsonl")) for ln in f.read_text().splitlines() if ln]
+    by_worker = [[json.loads(ln) for ln in f.read_text().splitlines() if ln]
+                 for f in sorted(Path(folder).glob("*.jsonl"))]
+    tests = [t for worker in by_worker for t in worker]
     if not tests:
         return lines
     span = max(t["start"] + t["wall"] for t in tests) - min(t["start"] for t in tests)
@@ -72,15 +74,14 @@ def summary(folder: Path, calibration: dict | None = None, top: int = 10) -> lis
         m[0], m[1], m[2] = m[0] + t["cpu"], m[1] + t["wall"], m[2] + 1
     for name, (c, w, n) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:top]:
         lines.append(f"{c:8.1f} s CPU {w:8.1f} s wall {n:4d} tests  {name}")
-    return lines + _workers(folder, min(t["start"] for t in tests))
+    return lines + _workers([w for w in by_worker if w], min(t["start"] for t in tests))
 
 
-def _workers(folder: Path, began: float) -> list[str]:
+def _workers(by_worker: list[list[dict]], began: float) -> list[str]:
     """Under xdist, a line per worker (one file each): when its last test ended, counted from the run's first test,
     and what that test was. A worker that ends long before the other idled while the run went on."""
     ends = []
-    for f in sorted(Path(folder).glob("*.jsonl")):
-        tests = [json.loads(ln) for ln in f.read_text().splitlines() if ln]
+    for tests in by_worker:
         last = max(tests, key=lambda t: t["start"] + t["wall"])
         ends.append((last["start"] + last["wall"] - began, len(tests), sum(t["cpu"] for t in tests), last))
     if len(ends) < 2:

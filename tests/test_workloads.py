@@ -128,7 +128,7 @@ def test_a_flop_count_is_made_once_per_key_and_read_back_by_a_later_process(tmp_
     flops.flops_per_sample.cache_clear()
     assert flops.flops_per_sample("cnn-tiny", 32) == first
     flops.flops_per_sample.cache_clear()
-    assert not list((tmp_path / "flops").glob(".*.tmp"))  # every write renamed into place, nothing left
+    assert not list((tmp_path / "flops").glob(".tmp-*"))  # every write renamed into place, nothing left
 
 
 def test_adamw_and_sgd_are_built_as_stated_for_every_backend_kind():

@@ -13,27 +13,21 @@ torchvision's versions, and the source of this package (``backends/models/``) an
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from bench.core import workloads as _workloads
+from bench.core import results, workloads
 
 FLOPS_SCHEMA = "flops-1"
 _PACKAGE = Path(__file__).resolve().parent
 # what a model is made of besides this package: the GPT sizes and the small CNNs' widths, the kinds (bench/core)
-_WORKLOADS = Path(_workloads.__file__).resolve()
+_WORKLOADS = Path(workloads.__file__).resolve()
 
 
 def cache_dir() -> Path:
-    if os.environ.get("BENCH_FLOPS_CACHE"):
-        return Path(os.environ["BENCH_FLOPS_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "torch-parallel-bench" / "flops"
+    return results.user_cache_dir("flops", "BENCH_FLOPS_CACHE")
 
 
 def cache_key(model: str, image_size: int | None, seq_len: int | None) -> dict:
@@ -63,8 +57,6 @@ def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = N
     """Training FLOPs (forward + backward) per sample (an image, or a sequence of ``seq_len`` tokens for gpt-<size>:
     the counter includes attention's), counted on the meta device, or read from the cache where this key was counted
     before. A user's model (``pkg.mod:factory``) is not counted: it would be built in this process, on the CPU."""
-    from bench.core import workloads
-
     if workloads.of(model).kind == "custom":
         raise ValueError("a user's model is not counted (it would be built in the harness)")
     key = cache_key(model, image_size, seq_len)
@@ -78,14 +70,8 @@ def flops_per_sample(model: str, image_size: int | None, seq_len: int | None = N
     flops = count(model, image_size, seq_len)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps({"schema": FLOPS_SCHEMA, "key": key, "flops_per_sample": flops}))
-            os.replace(tmp, path)  # whole or not at all, whichever of two writers comes last
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)  # left only when the write failed
+        entry = {"schema": FLOPS_SCHEMA, "key": key, "flops_per_sample": flops}
+        results.write_json_atomic(entry, path, overwrite=True)  # whole or not at all, the last writer's
     except OSError:
         pass  # a read-only cache: counted again next time
     return flops
@@ -97,7 +83,6 @@ def count(model: str, image_size: int | None, seq_len: int | None = None) -> flo
     from torch.utils.flop_counter import FlopCounterMode
 
     from backends import models
-    from bench.core import workloads
 
     kind = workloads.of(model).kind
     workload = models.workload(model, image_size, seq_len, False)
@@ -122,8 +107,6 @@ def parameter_count(model: str, seq_len: int | None = None) -> int:
     ``seq_len`` (its position embedding: give the run's). A user's model (``pkg.mod:factory``) is not counted: it
     would be built in this process (its size is in its runs' records, ``state_bytes``)."""
     import torch
-
-    from bench.core import workloads
 
     kind = workloads.of(model).kind
     if kind == "custom":

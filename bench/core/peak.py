@@ -29,15 +29,14 @@ import socket
 import time
 from pathlib import Path
 
+from bench.core.results import user_cache_dir
+
 PEAK_SCHEMA = "peak-1"
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def cache_dir() -> Path:
-    if os.environ.get("BENCH_PEAK_CACHE"):
-        return Path(os.environ["BENCH_PEAK_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "torch-parallel-bench" / "peak"
+    return user_cache_dir("peak", "BENCH_PEAK_CACHE")
 
 
 def mode(precision: str, tf32: bool | None) -> str:

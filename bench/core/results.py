@@ -116,6 +116,15 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file (read once, at import: umask is process-wide)
 
 
+def user_cache_dir(name: str, variable: str) -> Path:
+    """A cache of this machine's user, shared by every checkout: ``$variable`` when set, else
+    ``$XDG_CACHE_HOME/torch-parallel-bench/<name>``, else ``~/.cache/torch-parallel-bench/<name>``."""
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "torch-parallel-bench" / name
+
+
 def write_json_atomic(obj, final: Path, overwrite: bool = False) -> None:
     """Write JSON to a temporary file in the same directory, fsync it, then move it into place: a reader
     sees either no file or the whole file. Without ``overwrite`` the file is hard-linked into place, which
