@@ -174,6 +174,11 @@ class Backend:
 
     # Set by the harness while it traces (bench/rank/trace.py): a name -> context manager that marks a phase range.
     phase_marker = None
+    # Where part of the forward runs in threads other than the caller's (DataParallel's replicas, at two or more GPUs):
+    # a list of callables, each making a context that every such thread enters around its part (the harness appends
+    # the per-thread watches it needs there: the numerics probe's dispatch mode). None: the whole forward runs in the
+    # caller's thread.
+    replica_contexts: list | None = None
 
     def phase(self, name: str):
         """Marks one phase of a step (``bench.core.traces.PHASES``) for the trace; a do-nothing context when no trace

@@ -1,29 +1,39 @@
 """dp: torch.nn.DataParallel. One process feeds B x N samples to GPU 0, which scatters them to N replicas,
 gathers the outputs back and reduces the gradients onto GPU 0 (hence its memory imbalance).
 
-Precision: ``parallel_apply`` runs each replica in a new thread and re-enters autocast there with
-``torch.amp.autocast(device_type, enabled=...)`` and no dtype, so under bf16 the replicas would run fp16
-(CUDA autocast's default) with no GradScaler. ``AutocastForward`` applies the record's dtype inside the
-module's own ``forward``, in whatever thread calls it.
+Threads: at two or more GPUs ``parallel_apply`` runs each replica's forward in a new thread, and what is per thread
+does not follow it there. Autocast is re-entered with ``torch.amp.autocast(device_type, enabled=...)`` and no dtype,
+so under bf16 the replicas would run fp16 (CUDA autocast's default) with no GradScaler; a TorchDispatchMode (the
+numerics probe's watch) is not entered at all. ``ReplicaForward`` runs inside each replica: it applies the record's
+dtype and enters ``replica_contexts`` (what the harness asks every replica thread to enter) in whatever thread calls
+it. On one GPU and on the CPU DataParallel calls the module in the caller's thread.
 
 Knobs: dp refuses --compile and --channels-last (``REFUSED``), so such a run is "skipped" with the reason instead of being
 recorded as something it did not run.
 """
+import contextlib
+
 import torch
 
 from backends.base import OPTIMIZER_IMPL, Backend, build_model, device_for
 
 
-class AutocastForward(torch.nn.Module):
-    """Runs ``module`` under autocast with an explicit dtype in the calling thread (a DataParallel replica)."""
+class ReplicaForward(torch.nn.Module):
+    """Runs ``module`` in the calling thread (a DataParallel replica's) under autocast with an explicit dtype (None:
+    autocast off) and inside a context made by each callable in ``contexts``. DataParallel's ``replicate`` copies
+    this module's attributes shallowly every step, so every replica holds the same ``contexts`` list."""
 
-    def __init__(self, module: torch.nn.Module, device_type: str, dtype: torch.dtype):
+    def __init__(self, module: torch.nn.Module, device_type: str, dtype: torch.dtype | None):
         super().__init__()
         self.module, self.device_type, self.dtype = module, device_type, dtype
+        self.contexts: list = []
 
     def forward(self, *args, **kwargs):
-        with torch.autocast(self.device_type, dtype=self.dtype):
-            return self.module(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for make in self.contexts:
+                stack.enter_context(make())
+            with torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None):
+                return self.module(*args, **kwargs)
 
 
 # Why dp cannot honour each common knob (one line each, in the skipped run's reason).
@@ -82,8 +92,8 @@ class DataParallel(Backend):
         self.device_ids = list(range(cfg.world_size)) if cfg.device_type == "cuda" else None
         model = build_model(cfg).to(self.device)
         self.init_training(cfg, model, cfg.batch_size * cfg.world_size)  # scattered from GPU 0
-        if self.autocast_dtype is not None:
-            model = AutocastForward(model, cfg.device_type, self.autocast_dtype)
+        model = ReplicaForward(model, cfg.device_type, self.autocast_dtype)
+        self.replica_contexts = model.contexts
         if self.device_ids:  # on CPU, DataParallel would grab any visible GPU: run the module as it is
             model = torch.nn.DataParallel(model, device_ids=self.device_ids)
         # The global batch comes from this one process and is split across the replicas; the optimizer built

@@ -9,7 +9,12 @@ Measured, not declared: a TorchDispatchMode sees every aten operation of the ste
 its inputs) and notes the dtype it computes in: its first floating-point input's, or float32 where a softmax is
 asked to compute and return float32 from a half input (``half_to_float``: CUDA's ``log_softmax(x, dtype=float32)`` of
 fp16 ``x``, the same arithmetic as an upcast before it); a forward hook on each block notes the dtype of
-what the block returns (the residual stream). Not under ``--compile``: compiled kernels bypass the dispatcher."""
+what the block returns (the residual stream). Not under ``--compile``: compiled kernels bypass the dispatcher.
+
+Dispatch modes are per thread: where a backend runs part of the forward in threads of its own (DataParallel's replicas
+at two or more GPUs: ``Backend.replica_contexts``), a watch of its own is entered in each of them, all noting into
+the same table.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -33,9 +38,11 @@ HALF_TO_FLOAT = ("_softmax", "_log_softmax")  # (input, dim, half_to_float): Tru
 
 
 class _Probe(TorchDispatchMode):
-    def __init__(self):
+    """Notes into ``seen`` (shared by the watches of one probe, one per thread; a set's add is atomic under the GIL)."""
+
+    def __init__(self, seen: dict[str, set]):
         super().__init__()
-        self.seen: dict[str, set] = {}
+        self.seen = seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         cat = CATEGORY.get(func.overloadpacket.__name__)
@@ -61,7 +68,12 @@ def probe(backend, compiled: bool = False) -> dict:
         return {"reason": "not probed under --compile (compiled kernels bypass the dispatcher)", "signature": None}
     from backends import models
 
-    watch, residual = _Probe(), set()
+    seen: dict[str, set] = {}
+    watch, residual = _Probe(seen), set()
+    replicas = backend.replica_contexts
+    in_replica = lambda: _Probe(seen)  # noqa: E731 - a watch of its own in each replica's thread
+    if replicas is not None:
+        replicas.append(in_replica)
     hooks = [b.register_forward_hook(lambda m, i, out: residual.add(_name(out.dtype))
                                      if isinstance(out, torch.Tensor) else None)
              for b in models.find_blocks(backend.module) or []]
@@ -75,9 +87,11 @@ def probe(backend, compiled: bool = False) -> dict:
         backend.train(1)
     finally:
         backend.phase_marker = before
+        if replicas is not None:
+            replicas.remove(in_replica)
         for h in hooks:
             h.remove()
-    got = {cat: _one(watch.seen.get(cat)) for cat in (*OPS, NORM_PARAMS)}
+    got = {cat: _one(seen.get(cat)) for cat in (*OPS, NORM_PARAMS)}
     got["residual"] = _one(residual)
     got["signature"] = ", ".join(f"{k} {v}" for k, v in got.items() if v is not None)
     return got

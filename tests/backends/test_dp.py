@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import backends
-from backends.dp import AutocastForward
+from backends.dp import ReplicaForward
 from bench.core.config import RunConfig
 
 pytestmark = pytest.mark.mutation
@@ -30,7 +30,7 @@ def test_dataparallel_replicas_run_the_recorded_dtype_where_autocast_defaults_to
     dp.setup(RunConfig(backend="dp", launcher="inproc", world_size=2, device_type="cpu", model="resnet18", image_size=8,
                        batch_size=3, warmup=2, steps=1, windows=1, precision="fp16").validate())
     assert dp.feed_batch == 6 and dp.device_ids is None and dp.devices() == [torch.device("cpu")]
-    assert type(dp.model) is AutocastForward and dp.model.module is dp.module  # no DataParallel wrapper on CPU
+    assert type(dp.model) is ReplicaForward and dp.model.module is dp.module  # no DataParallel wrapper on CPU
     x = torch.randn(2, 3, 8, 8)
     # autocast state is per thread: a new thread starts without it, as parallel_apply's replica threads do
     assert _in_new_thread(lambda: dp.module(x)).dtype == torch.float32
@@ -66,7 +66,7 @@ def test_dataparallel_on_gpus_wraps_the_autocast_wrapper_over_every_device(monke
                        batch_size=2, warmup=2, steps=1, windows=1, precision="bf16").validate())
     assert asked == [0] and model.moved_to == torch.device("cpu") and dp.feed_batch == 6  # everything from GPU 0
     assert type(dp.model) is FakeDataParallel and dp.model.device_ids == [0, 1, 2] == dp.device_ids
-    assert type(dp.model.module) is AutocastForward and dp.model.module.module is model is dp.module
+    assert type(dp.model.module) is ReplicaForward and dp.model.module.module is model is dp.module
     assert (dp.model.module.device_type, dp.model.module.dtype) == ("cuda", torch.bfloat16)
     assert dp.devices() == [torch.device("cuda", i) for i in range(3)]
 
@@ -76,7 +76,7 @@ def test_the_autocast_wrapper_passes_every_argument_on():
         def forward(self, x, scale=1.0):
             return torch.nn.functional.linear(x, torch.eye(2)) * scale
 
-    out = AutocastForward(Scaled(), "cpu", torch.bfloat16)(torch.ones(1, 2), scale=3.0)
+    out = ReplicaForward(Scaled(), "cpu", torch.bfloat16)(torch.ones(1, 2), scale=3.0)
     assert out.dtype == torch.bfloat16 and out.tolist() == [[3.0, 3.0]]
 
 
@@ -100,3 +100,56 @@ def test_dp_refuses_compile_and_channels_last_with_the_reason(options, reason):
     assert dp.unavailable(_cfg(options=options, world_size=1, device_type="cpu")) == reason
     assert dp.unavailable(_cfg(options={k: False for k in options})) is None  # switched off: nothing to refuse
     assert backends.create("ddp").unavailable(_cfg(backend="ddp", launcher="torchrun", options=options)) is None
+
+
+class ThreadedDataParallel(torch.nn.Module):
+    """nn.DataParallel's forward at two GPUs, on the CPU: the batch split in two, the wrapper replicated as
+    ``replicate`` does (``_replicate_for_data_parallel``: a shallow copy of its attributes, the model inside shared)
+    and torch's own ``parallel_apply`` running each replica in a thread of its own; the outputs gathered. What
+    parallel_apply asks torch.accelerator (it asserts one) is answered for the CPU while it runs; ``started`` names
+    the threads that entered a replica's device."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module, self.started = module, []
+
+    def forward(self, x):
+        import contextlib
+        from unittest import mock
+
+        from torch.nn.parallel import parallel_apply
+
+        replicas = [self.module._replicate_for_data_parallel() for _ in range(2)]
+        enter = lambda i: self.started.append(threading.current_thread().name) or contextlib.nullcontext()  # noqa: E731
+        with mock.patch.multiple(torch.accelerator, is_available=lambda: True, device_index=enter,
+                                 current_accelerator=lambda *a, **k: torch.device("cpu"),
+                                 current_stream=lambda *a, **k: contextlib.nullcontext()):
+            return torch.cat(parallel_apply(replicas, [(c,) for c in x.chunk(2)], devices=[0, 1]))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_the_numerics_probe_sees_every_replica_thread_and_reads_what_single_reads(precision):
+    """At two or more GPUs parallel_apply runs each replica's forward in a new thread, where the probe's dispatch mode
+    (per thread) is not: dp read "loss float32, residual float32" against single's full signature, and the verdict
+    found no like-for-like winner at any world size >= 2 with dp in the sweep. Each replica thread enters a watch of
+    its own (Backend.replica_contexts), so dp's threaded forward reads what single's reads."""
+    from bench.rank import data
+    from bench.rank.numerics import probe
+
+    got = {}
+    for name in ("single", "dp"):
+        b = backends.create(name)
+        cfg = RunConfig(backend=name, launcher="inproc", world_size=1, device_type="cpu", model="gpt-micro",
+                        image_size=None, seq_len=16, batch_size=2, warmup=2, steps=1, windows=1,
+                        precision=precision).validate()
+        b.setup(cfg)
+        if name == "dp":
+            b.model = ThreadedDataParallel(b.model)
+        b.batches = data.batches_for(cfg, b)
+        got[name] = probe(b)
+    started = b.model.started
+    assert len(started) == 2 and threading.current_thread().name not in started  # two replica threads ran it
+    assert got["dp"]["signature"] == got["single"]["signature"]
+    assert got["single"]["matmul"] == ("bfloat16" if precision == "bf16" else "float32")
+    assert got["single"]["norm"] == got["single"]["residual"] == "float32"
+    assert b.replica_contexts == []  # the probe leaves nothing behind in the replicas
