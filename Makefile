@@ -83,11 +83,13 @@ COLLECTIVES_ARGS ?=
 REFERENCE ?= --reference
 # Each step's command is printed, then run (not the shell block that strings them together). With one device in the
 # sweep there is no collective to measure (bench collectives would refuse it: exit 2, nothing to run), so it is left out.
-export SEVERAL_DEVICES := import sys; from bench.core.devices import detect_device; sys.exit(detect_device("auto")[1] < 2)
+# bench run's exit 2 (bad input, or GPUs torch cannot use: nothing ran) ends make bench there, with its one line.
+export SEVERAL_DEVICES := import sys; from bench.core.devices import several_devices; sys.exit(not several_devices())
 bench: install
 	@status=0; \
 	echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(DATA_ARGS) $(ARGS))'; \
 	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(DATA_ARGS) $(ARGS) || status=$$?; \
+	[ $$status -ne 2 ] || exit 2; \
 	if [ -n "$(DATA)" ]; then \
 	  echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(ARGS))'; \
 	  $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(ARGS) || status=1; \

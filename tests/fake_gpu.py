@@ -59,14 +59,17 @@ class FakeGpu:
 class FakeGpuMachine:
     """``gpus``: the machine's GPUs in NVML's order (default 2 H100s); ``visible``: NVML index of CUDA device 0, 1, ...
     (CUDA_VISIBLE_DEVICES; default all, in order); ``nvml``: "ok", "missing" (no library or driver: nvmlInit fails)
-    or the name of a query that fails (e.g. "nvmlDeviceGetClockInfo") with ``fail_with``."""
+    or the name of a query that fails (e.g. "nvmlDeviceGetClockInfo") with ``fail_with``; ``driver_cuda``: the newest
+    CUDA the driver runs (NVML's CUDA driver version); ``torch_sees``: False where torch cannot use the GPUs NVML
+    sees (a driver older than the CUDA torch was built for: torch.cuda.is_available() is False, no device counted)."""
 
     def __init__(self, gpus: list[FakeGpu] | None = None, visible: list[int] | None = None, nvml: str = "ok",
                  fail_with: type = NVMLError_NotSupported, driver: str = "580.159.04",
-                 versions: dict | None = None):
+                 versions: dict | None = None, driver_cuda: str = "13.0", torch_sees: bool = True):
         self.gpus = gpus if gpus is not None else [FakeGpu(), FakeGpu()]
         self.visible = list(range(len(self.gpus))) if visible is None else list(visible)
-        self.nvml, self.fail_with, self.driver = nvml, fail_with, driver
+        self.nvml, self.fail_with, self.driver, self.driver_cuda = nvml, fail_with, driver, driver_cuda
+        self.torch_sees = torch_sees
         self.versions = versions or {"cuda": "13.0", "nccl": "2.27.7", "cudnn": 91300}
         self.tf32 = {"cudnn": True, "matmul": False}  # torch's defaults
         self.calls: list[tuple] = []  # (function, args) of the cuda seam, in order
@@ -105,8 +108,8 @@ class FakeGpuMachine:
             return self.visible[self._index(d)]
 
         funcs = {
-            "available": lambda: len(self.visible) > 0,
-            "count": lambda: len(self.visible),
+            "available": lambda: self.torch_sees and len(self.visible) > 0,
+            "count": lambda: len(self.visible) if self.torch_sees else 0,
             "name": lambda d: self._gpu(d).name,
             "nvml_index": nvml_index,
             "set_device": lambda d: None,
@@ -154,6 +157,8 @@ class FakeGpuMachine:
 
         query("nvmlDeviceGetCount")(lambda: len(machine.gpus))
         query("nvmlSystemGetDriverVersion")(lambda: machine.driver)
+        query("nvmlSystemGetCudaDriverVersion")(
+            lambda: int(machine.driver_cuda.split(".")[0]) * 1000 + int(machine.driver_cuda.split(".")[1]) * 10)
 
         @query("nvmlDeviceGetHandleByIndex")
         def _handle(i):

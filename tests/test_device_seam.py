@@ -97,6 +97,56 @@ def test_devices_and_the_environment_come_from_the_fake(monkeypatch):
     assert (env["cuda"], env["nccl"], env["cudnn"], env["cuda_available"]) == ("13.0", "2.27.7", 91300, True)
 
 
+OLD_DRIVER = ("NVML sees 8 GPUs (driver 535.104.05, which runs CUDA up to 12.2), but torch {torch} was built for CUDA "
+              "13.2, which this driver is too old for: run `make bench TORCH=system` with a torch built for CUDA 12.2 "
+              "or older, or update the driver; or pass --device cpu to measure the CPU on purpose")
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_gpus_torch_cannot_use_are_refused_in_one_line_not_measured_as_a_cpu(monkeypatch, capsys, device):
+    """A node whose driver is older than the CUDA the locked torch was built for: torch.cuda.is_available() is False
+    while NVML sees the GPUs. ``auto`` quietly picked the CPU, and ``make bench GPUS=8`` wrote a gloo CPU report;
+    now bench run exits 2 with one line naming the driver, torch's CUDA and the way out. --device cpu still runs."""
+    import torch
+
+    from bench.commands import _plan
+    from tests.conftest import cli_error
+
+    FakeGpuMachine([FakeGpu() for _ in range(8)], driver="535.104.05", driver_cuda="12.2", torch_sees=False,
+                   versions={"cuda": "13.2", "nccl": "2.27.7", "cudnn": 91300}).install(monkeypatch)
+    code, err = cli_error(capsys, "run", "--device", device, "--backends", "ddp")
+    assert code == 2
+    assert err == f"bench: error: --device {device}: {OLD_DRIVER.format(torch=torch.__version__)}\n"
+    assert _plan.detect_device("cpu")[0] == "cpu"  # measuring the CPU on purpose stays possible
+
+
+@pytest.mark.parametrize("machine,why", [
+    (dict(versions={"cuda": None, "nccl": None, "cudnn": None}),
+     "NVML sees 2 GPUs (driver 580.159.04, which runs CUDA up to 13.0), but torch {torch} is a CPU build: install a "
+     "CUDA build (`make bench` installs the lock's) or keep one you have with `make bench TORCH=system`"),
+    (dict(driver_cuda="13.2"),
+     "NVML sees 2 GPUs (driver 580.159.04, which runs CUDA up to 13.2), but torch {torch} (CUDA 13.0) cannot use them "
+     "(torch.cuda.is_available() is False): check that this process can open the GPUs (nvidia-smi; a container's "
+     "--gpus)"),
+    (dict(env=""), "NVML sees 2 GPUs (driver 580.159.04, which runs CUDA up to 13.0), but CUDA_VISIBLE_DEVICES='' "
+                   "hides them all from torch: unset it"),
+    (dict(nvml="missing"), None),  # a machine without NVIDIA GPUs: the CPU, as before
+    (dict(gpus=[]), None),
+])
+def test_why_torch_cannot_use_the_gpus_nvml_sees(monkeypatch, machine, why):
+    import torch
+
+    from bench.core.devices import unusable_gpus
+
+    env = machine.pop("env", None)
+    if env is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+    else:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    FakeGpuMachine(torch_sees=False, **machine).install(monkeypatch)
+    assert unusable_gpus() == (why and why.format(torch=torch.__version__))
+
+
 def test_without_nvml_the_environment_says_why(monkeypatch):
     FakeGpuMachine(nvml="missing").install(monkeypatch)
     env = environment.collect_env()

@@ -22,3 +22,18 @@ def test_make_bench_prints_each_command_and_no_shell_block(tmp_path):
                      f"true -m bench overhead --results {tmp_path}/raw",
                      f"true -m bench report --results {tmp_path}/raw --out {tmp_path}/rep"]
     assert not [ln for ln in proc.stdout.splitlines() if "status=" in ln or "if [" in ln or ln.endswith("\\")]
+
+
+@pytest.mark.slow
+def test_make_bench_stops_where_bench_run_refuses_its_input(tmp_path):
+    """bench run's exit 2 (bad input, or GPUs torch cannot use) means nothing ran: make bench ends there with that
+    code, and neither sweeps on nor re-renders a report of older records."""
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/sh\necho \"ran: $*\"\ncase \"$*\" in *'bench run'*) exit 2;; esac\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")}
+    proc = subprocess.run(["make", "--no-print-directory", "bench", f"PY={fake}", f"RESULTS={tmp_path}/raw",
+                           f"REPORT={tmp_path}/rep"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert [ln for ln in proc.stdout.splitlines() if ln.startswith("ran: ")] == [
+        f"ran: -m bench run --max-gpus all --results {tmp_path}/raw --reference"]

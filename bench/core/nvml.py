@@ -52,6 +52,11 @@ class Session:
     def driver(self) -> str:
         return self._text(self._call("driver version", self._lib.nvmlSystemGetDriverVersion))
 
+    def cuda_driver_version(self) -> str:
+        """The newest CUDA this driver runs ("12.2"; nvidia-smi's "CUDA Version")."""
+        v = int(self._call("CUDA driver version", self._lib.nvmlSystemGetCudaDriverVersion))
+        return f"{v // 1000}.{v % 1000 // 10}"
+
     def memory_total(self, index: int) -> int:
         return int(self._call("memory info", self._lib.nvmlDeviceGetMemoryInfo, self._handle(index)).total)
 

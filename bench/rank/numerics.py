@@ -40,9 +40,9 @@ HALF_TO_FLOAT = ("_softmax", "_log_softmax")  # (input, dim, half_to_float): Tru
 class _Probe(TorchDispatchMode):
     """Notes into ``seen`` (shared by the watches of one probe, one per thread; a set's add is atomic under the GIL)."""
 
-    def __init__(self, seen: dict[str, set]):
+    def __init__(self, seen: dict[str, set] | None = None):
         super().__init__()
-        self.seen = seen
+        self.seen = {} if seen is None else seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         cat = CATEGORY.get(func.overloadpacket.__name__)

@@ -127,6 +127,7 @@ class ThreadedDataParallel(torch.nn.Module):
             return torch.cat(parallel_apply(replicas, [(c,) for c in x.chunk(2)], devices=[0, 1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_the_numerics_probe_sees_every_replica_thread_and_reads_what_single_reads(precision):
     """At two or more GPUs parallel_apply runs each replica's forward in a new thread, where the probe's dispatch mode
