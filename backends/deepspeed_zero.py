@@ -127,7 +127,24 @@ class DeepSpeedZero(DDP):
     def unavailable(self, cfg):
         if cfg.device_type == "cpu":
             cpu_environment()  # before deepspeed is imported
-        return problem() or super().unavailable(cfg)
+        return problem() or super().unavailable(cfg) or self.scaler_disagrees(cfg)
+
+    def scaler_disagrees(self, cfg) -> str | None:
+        """Why this stage's fp16 loss scaling would differ between ranks for ``cfg``, or None. Under the torch_autocast
+        section at fp16, stages 1-2 step a GradScaler of DeepSpeed's own on this rank's fp32 partition alone
+        (stage_1_and_2.py ``_optimizer_step``; the all-reduced overflow check runs only for the fp16 section): an
+        overflow in one rank's partition makes that rank skip and halve its scale while the others step on, and the
+        next gradients are summed at different scales. Stage 3 checks every rank's partition (all-reduced) before its
+        GradScaler runs, so its ranks agree (tests/test_loss_scale.py)."""
+        autocast = ((cfg.options or {}).get("ds_mp") or "autocast") == "autocast"
+        if cfg.precision != "fp16" or not autocast or self.stage == 3 or cfg.world_size < 2:
+            return None
+        from importlib.metadata import version
+
+        return (f"{self.name} at fp16 under --ds-mp autocast runs at world size 1 only: DeepSpeed {version('deepspeed')}"
+                "'s torch_autocast GradScaler looks for an overflow in this rank's gradient partition alone, so one "
+                "rank skips a step and halves its loss scale while another steps on; use --ds-mp params (DeepSpeed's "
+                "fp16 section: one overflow check over every rank) or --precision bf16")
 
     def setup(self, cfg):
         if cfg.device_type == "cpu":
@@ -250,9 +267,11 @@ class DeepSpeedZero(DDP):
     def skipped_steps(self):
         """DeepSpeed's own count of overflowed (skipped) steps (engine.py step(): ``skipped_steps += 1`` on
         overflow). Its fp16 loss scaler halves the scale only after ``hysteresis`` (2) overflows in a row, so the
-        scale ratio that counts GradScaler's skips misses some here. Under torch_autocast a GradScaler skips and
-        halves its scale on every overflow, which the harness reads off the scale: None."""
-        if self.autocast_scaler() is not None:
+        scale ratio that counts GradScaler's skips misses some here. Under torch_autocast at stages 1-2 a GradScaler
+        skips and halves its scale on every overflow, which the harness reads off the scale: None. At stage 3 the
+        engine's all-reduced check skips the step before the GradScaler sees it, and the GradScaler's scale is never
+        lowered (DeepSpeed 0.19's stage3.py ``step``): the engine's count is the only one."""
+        if self.autocast_scaler() is not None and self.stage < 3:
             return None
         return int(self.engine.skipped_steps)
 

@@ -11,6 +11,9 @@
     grad-scale@rank1     rank 1's local gradients are doubled before they are reduced (the loss keeps its
                          value): replicas stay identical but are wrong (bench verify must catch it)
     wrong-shard@rank1    rank 1 reads rank 0's share of the data instead of its own (bench verify must catch it)
+    overflow@rank1:step3 at that step one element of one weight's gradient becomes inf on rank 1, in backward, before
+                         any reduction sees it: an fp16 overflow on one rank alone (every rank's loss scaler must skip
+                         that step and halve its scale alike)
     node-dies@rank1:step6     this node dies at that step: its harness, launcher and ranks get SIGKILL at once
                               (a power cut on a real cluster; the other nodes must name it, bench/rank/lifeline.py)
     node-freezes@rank1:step6  the same with SIGSTOP: a node that stops answering without closing a connection
@@ -53,7 +56,7 @@ OOM_ERRORS = {
                  "Call to CUDA function failed.\nLast error:\nCuda failure 2 'out of memory'"),
 }
 KINDS = ("crash", "hang", "oom", *OOM_ERRORS, "diverge", "bloat", "grad-scale", "wrong-shard", "node-dies",
-         "node-freezes", "watchdog-abort", "slow")
+         "node-freezes", "watchdog-abort", "slow", "overflow")
 SLOW_SHARE = 0.05  # slow: the CPU time each step burns beyond its own, as a share of it
 ANY_RANK = -1
 BLOAT_BYTES = 256 * 2 ** 20
@@ -115,6 +118,8 @@ class Fault:
             backend.step = watched_step
         for f in self._mine(backend, ("slow",)):
             backend.step = slowed(backend.step, f.share)
+        for f in self._mine(backend, ("overflow",)):
+            backend.step = overflowed(backend, backend.step, f.step)
         mine = self._mine(backend, ("crash", "hang", "oom", *OOM_ERRORS, "bloat", "node-dies", "node-freezes"))
         if not mine:
             return
@@ -149,6 +154,46 @@ def slowed(step, share: float = SLOW_SHARE, clock=time.process_time):
         return loss
 
     return step_then_spin
+
+
+def overflowed(backend, step, at: int):
+    """``step``, in whose ``at``-th call one element of the first weight of the model's first block (its first Linear
+    or convolution) gets an inf gradient in backward. The hook goes on the weight the module computes with at that
+    forward (FSDP2's unsharded parameter, ZeRO-3's gathered one: a forward pre-hook reads it), so the inf enters before
+    the backend reduces, reduce-scatters or partitions the gradient, as an overflow in this rank's backward would."""
+    import torch
+
+    from backends.models import find_blocks
+
+    blocks = find_blocks(backend.module) or [backend.module]
+    leaf = next(m for m in blocks[0].modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)))
+    count, handles = [0], []
+
+    def poison(grad):
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+
+    def arm(module, args):
+        if not handles:  # once (a checkpointed block runs its forward again in backward)
+            handles.append(module.weight.register_hook(poison))
+
+    def step_with_overflow():
+        count[0] += 1
+        if count[0] != at:
+            return step()
+        print(f"BENCH_FAULT: injected overflow on rank {backend.rank} at step {at} (at {time.time():.3f})",
+              file=sys.stderr, flush=True)
+        pre = leaf.register_forward_pre_hook(arm)
+        try:
+            return step()
+        finally:
+            pre.remove()
+            for h in handles:
+                h.remove()
+            handles.clear()
+
+    return step_with_overflow
 
 
 def _whole_node(sig: int) -> None:
