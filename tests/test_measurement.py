@@ -64,10 +64,16 @@ def test_plan_matches_precisions_and_adds_the_dataparallel_cudnn_variant(monkeyp
     planned = _plan(monkeypatch, "--backends", "single,dp,ddp_amp_syncbn", "--max-gpus", "4")
     # single at every precision in use, so every efficiency cell has a matched baseline
     assert ("single", 1, "fp32", True) in planned and ("single", 1, "fp16", True) in planned
-    # dp with cudnn.benchmark off beside the default, at N >= 2 only
+    # dp with cudnn.benchmark off beside the default at N >= 2, and the baselines of that setting at 1: dp's own and
+    # single's (an efficiency divides by a baseline of its own setting: issue 59)
     assert [p for p in planned if p[0] == "dp"] == [
         ("dp", 1, "fp32", True), ("dp", 2, "fp32", True), ("dp", 2, "fp32", False), ("dp", 4, "fp32", True),
-        ("dp", 4, "fp32", False)]
+        ("dp", 4, "fp32", False), ("dp", 1, "fp32", False)]
+    assert [p for p in planned if p[0] == "single"] == [("single", 1, "fp32", True), ("single", 1, "fp16", True),
+                                                       ("single", 1, "fp32", False)]
+    # no world size 1 in the sweep: no baseline to add
+    assert _plan(monkeypatch, "--backends", "single,dp", "--gpus", "2") == [("dp", 2, "fp32", True),
+                                                                            ("dp", 2, "fp32", False)]
     # an explicit knob is obeyed everywhere and adds no variant
     explicit = _plan(monkeypatch, "--backends", "dp", "--gpus", "2", "--cudnn-benchmark", "off")
     assert explicit == [("dp", 2, "fp32", False)]

@@ -225,14 +225,22 @@ def test_bad_files_are_skipped_with_one_warning_each(tmp_path, capsys):
 
 def test_cudnn_variant_is_labelled_matched_and_explained(tmp_path, capsys):
     raw = write(tmp_path, make("single", 1, 100.0), make("dp", 2, 120.0), make("dp", 2, 150.0, cudnn=False),
-                make("dp", 4, 200.0), make("dp", 4, 205.0, cudnn=False), make("dp", 4, 195.0, cudnn=False))
+                make("dp", 4, 200.0), make("dp", 4, 205.0, cudnn=False), make("dp", 4, 195.0, cudnn=False),
+                make("single", 1, 125.0, cudnn=False), make("dp", 1, 110.0), make("dp", 1, 100.0, cudnn=False))
     code, _ = run_report(raw, tmp_path / "rep", capsys)
     assert code == 0
     df = summary(tmp_path / "rep")
-    off = row(df, "dp", 2, cudnn_benchmark=False)
-    assert off.eff_vs_single_pct == pytest.approx(75.0)  # against single@1 with the default (on)
+    off, on = row(df, "dp", 2, cudnn_benchmark=False), row(df, "dp", 2, cudnn_benchmark=True)
+    # each efficiency divides by baselines of its own cuDNN setting: single@1 and dp@1 with cudnn.benchmark off
+    assert off.eff_vs_single_pct == pytest.approx(60.0) and off.eff_vs_own_ws1_pct == pytest.approx(75.0)
+    assert on.eff_vs_single_pct == pytest.approx(60.0) and on.eff_vs_own_ws1_pct == pytest.approx(120 / 220 * 100, abs=1e-3)
     md = (tmp_path / "rep" / "REPORT.md").read_text()
-    assert "| dp (cudnn.benchmark off) | 2 | fp32 | 150.0 img/s | 75.0 % |" in md
+    assert "| dp (cudnn.benchmark off) | 2 | fp32 | 150.0 img/s | 60.0 % |" in md
+    # without a baseline of its setting, the variant has no efficiency (none of the default's, mixing two settings)
+    alone = write(tmp_path / "alone", make("single", 1, 100.0), make("dp", 2, 150.0, cudnn=False))
+    assert run_report(alone, tmp_path / "rep-alone", capsys)[0] == 0
+    eff = row(summary(tmp_path / "rep-alone"), "dp", 2, cudnn_benchmark=False).eff_vs_single_pct
+    assert eff != eff  # empty in summary.csv (NaN), not the default's 150.0
     assert ("- `dp` ×2 fp32, cudnn.benchmark on vs off: 120.0 vs 150.0 img/s (on/off = 0.80). cuDNN keeps its "
             "benchmark cache per thread") in md
     assert "Here off is faster: the on figure includes that repeated search" in md

@@ -318,6 +318,18 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             if precision not in have:
                 add(backends.BASELINE, 1, precision, cudnn, f"the {precision} scaling baseline")
                 have.add(precision)
+    # A labelled variant with a setting of its own (DataParallel's cudnn.benchmark off, planned at N >= 2) divides by
+    # baselines of that same setting: single@1 and the backend's own @1. A baseline of the default instead would mix
+    # two cuDNN settings in one efficiency.
+    if 1 in sizes and cudnn is None:
+        planned = {(c.backend, c.world_size, c.precision, c.cudnn_benchmark) for c in configs}
+        for c in [c for c in configs if c.world_size > 1 and c.cudnn_benchmark is not None]:
+            for name in dict.fromkeys((c.backend, backends.BASELINE)):
+                if name in names and (name, 1, c.precision, c.cudnn_benchmark) not in planned:
+                    setting = f"cudnn.benchmark {'on' if c.cudnn_benchmark else 'off'}"
+                    add(name, 1, c.precision, c.cudnn_benchmark, c.note if name == c.backend else
+                        f"the {setting} scaling baseline")
+                    planned.add((name, 1, c.precision, c.cudnn_benchmark))
     if device_type == "cpu" and nnodes == 1:  # one share of the cores per rank, the largest world size's
         for cfg in configs:
             cfg.threads = max(1, usable_cpus() // max(sizes))

@@ -152,7 +152,8 @@ def nones(df):
 
 
 def add_efficiency(s):
-    """Efficiency (%) against single@1 and against the backend's own world-size-1 run; None: no baseline.
+    """Efficiency (%) against single@1 and against the backend's own world-size-1 run, each of the same cuDNN setting;
+    None: no baseline.
     ``_base_disturbed`` says, per efficiency, how many of its baseline's runs were disturbed (report/caution.py
     shows no efficiency built on one). The best mark goes to the highest median at each world size, per precision
     (fp16 is not ranked against fp32)."""
@@ -163,7 +164,10 @@ def add_efficiency(s):
     own = {(key(r, OWN_MATCH), r[KNOB]): r for r in at1}
 
     def base_of(r, table, keys):
-        for knob in dict.fromkeys((r[KNOB], True, None)):  # the same cuDNN setting, else the default
+        # the same cuDNN setting (on and not given are one: on is CUDA's default); a variant with a setting of its own
+        # (DataParallel's cudnn.benchmark off) has no efficiency without a baseline of that setting (the planner plans
+        # one: bench/commands/_plan.py)
+        for knob in dict.fromkeys((r[KNOB], True, None) if r[KNOB] in (True, None) else (r[KNOB],)):
             if (key(r, keys), knob) in table:
                 return table[(key(r, keys), knob)]
         return None
