@@ -90,13 +90,14 @@ def test_allreduce_model_and_bounds():
     assert predict.allreduce_seconds(10 ** 6, 1, curve, 2 ** 24) == 0.0
 
 
-def _collectives_record(directory, busbw=2.0):
+def _collectives_record(directory, busbw=2.0, world_size=2):
     rows = [{"op": "all_reduce", "bytes": b, "seconds": 1.0, "algbw_gbps": busbw, "busbw_gbps": busbw}
             for b in (2 ** 20, 2 ** 24, 2 ** 26)]
-    (directory / "collectives").mkdir(parents=True)
-    (directory / "collectives" / "c1.json").write_text(json.dumps({
-        "schema": "collectives-1", "kind": "collectives", "run_id": "c1", "status": "ok", "launcher": "torchrun",
-        "backend": "ddp", "world_size": 2, "device_type": "cpu", "process_group": "gloo", "results": rows}))
+    (directory / "collectives").mkdir(parents=True, exist_ok=True)
+    (directory / "collectives" / f"c{world_size}.json").write_text(json.dumps({
+        "schema": "collectives-1", "kind": "collectives", "run_id": f"c{world_size}", "status": "ok",
+        "launcher": "torchrun", "backend": "ddp", "world_size": world_size, "device_type": "cpu",
+        "process_group": "gloo", "results": rows}))
 
 
 def test_predict_against_measured_records(tmp_path, capsys):
@@ -115,8 +116,33 @@ def test_predict_against_measured_records(tmp_path, capsys):
     rows = {cells[1]: cells[2:] for cells in ([c.strip() for c in ln.split("│")] for ln in out.splitlines()
                                               if ln.startswith("│"))}
     assert set(rows) == {"2", "8"}
-    assert rows["2"][2] == f"{100 * t_c / (t_c + t_ar):.1f} % .. 100.0 %"
-    assert rows["2"][3] == "75.0 %" and rows["8"][3] == "-"  # measured: 150 / (2 x 100); 8 was not measured
+    assert rows["2"][0] == rows["8"][0] == "2 ranks"  # the one curve measured, for both
+    assert rows["2"][3] == f"{100 * t_c / (t_c + t_ar):.1f} % .. 100.0 %"
+    assert rows["2"][4] == "75.0 %" and rows["8"][4] == "-"  # measured: 150 / (2 x 100); 8 was not measured
+
+
+def test_predict_uses_the_curve_measured_at_each_n_or_the_nearest_and_says_which(tmp_path, capsys):
+    """A bus bandwidth measured at 2 ranks says little about 8 (a longer ring, another topology): each N takes the
+    curve measured at N, else the nearest world size measured (log scale, a tie to the larger), and the table names
+    it. Before, the largest N's curve served every N."""
+    from tests.test_report import make, write
+
+    raw = write(tmp_path, make("single", 1, 100.0, device="cpu", model="resnet18"),
+                make("ddp", 2, 150.0, device="cpu", model="resnet18"))
+    _collectives_record(raw, busbw=4.0, world_size=2)
+    _collectives_record(raw, busbw=1.0, world_size=4)
+    assert [predict.nearest_curve({2: [], 4: []}, n) for n in (1, 2, 3, 4, 8, 64)] == [2, 2, 4, 4, 4, 4]
+    assert predict.nearest_curve({2: [], 8: []}, 4) == 8  # as far from both: the larger
+    with pytest.raises(SystemExit) as e:
+        cli.main(["predict", "--results", str(raw), "--world-sizes", "2,3,8"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    rows = {cells[1]: cells[2:] for cells in ([c.strip() for c in ln.split("│")] for ln in out.splitlines()
+                                              if ln.startswith("│"))}
+    grad = 4 * flops.parameter_count("resnet18")
+    for n, at, busbw in (("2", "2 ranks", 4.0), ("3", "4 ranks", 1.0), ("8", "4 ranks", 1.0)):
+        t_ar = predict.allreduce_seconds(grad, int(n), [(2 ** 20, busbw), (2 ** 26, busbw)], 25 * 2 ** 20)
+        assert rows[n][:2] == [at, f"{1000 * t_ar:.1f}"], n
 
 
 def test_predict_without_inputs_is_bad_input(tmp_path, capsys):
@@ -149,6 +175,38 @@ def test_report_sections_for_communication_hardware_collectives_and_prediction(t
     assert "## Collectives (bench collectives)" in md and "| 1 MiB | 2.000 |" in md
     assert "## Predicted vs measured scaling (bench predict)" not in md  # the collectives are CPU, the runs GPU
     assert len(list((tmp_path / "rep" / "plots").glob("*comm-split.png"))) == 1
+
+
+def test_horovod_allreduce_is_timed_through_its_async_handles_back_to_back():
+    """Like NCCL's loop (nccl-tests: operations queued back to back, one synchronize), Horovod's is timed through its
+    async handles: every timed allreduce_async_ is enqueued before the first is waited for. allreduce_, one call and one
+    wait at a time, timed a host round trip per operation that NCCL's loop does not pay."""
+    import torch
+
+    from bench.rank import collectives
+
+    events = []
+
+    class Hvd:
+        Sum = "sum"
+
+        def allreduce_async_(self, x, op=None):
+            events.append("enqueue")
+            return len(events)
+
+        def synchronize(self, handle):
+            events.append("wait")
+
+    class Backend:
+        hvd = Hvd()
+
+        def barrier(self):
+            events.append("barrier")
+
+    seconds = collectives._time("horovod_allreduce", 4096, 2, torch.device("cpu"), Backend(), warmup=2, iters=3)
+    assert seconds > 0
+    assert events == ["enqueue"] * 2 + ["wait"] * 2 + ["barrier"] + ["enqueue"] * 3 + ["wait"] * 3
+    assert "allreduce_async_ handles enqueued back to back" in collectives.TIMING
 
 
 @pytest.mark.slow

@@ -71,14 +71,13 @@ def inputs(results_dir: Path, warn, unsized: bool = False) -> list[dict]:
     from bench.core import comm, results, stats
 
     recs = [r for r in results.load(results_dir, warn=warn) if r["status"] == "ok"]
-    curves = {}
+    curves: dict[str, dict[int, list]] = {}  # device type -> world size -> the all_reduce curve measured there
     for c in comm.load(results_dir, warn):
         if c["backend"] != "ddp":
             continue
         points = [(r["bytes"], r["busbw_gbps"]) for r in c["results"] if r["op"] == "all_reduce"]
-        best = curves.get(c["device_type"])
-        if points and (best is None or c["world_size"] >= best[0]):
-            curves[c["device_type"]] = (c["world_size"], points)
+        if points:
+            curves.setdefault(c["device_type"], {})[c["world_size"]] = points
     fields = ("model", "image_size", "seq_len", "optimizer", "precision", "batch_per_device", "data", "device_type")
     keys = {tuple(r.get(k) for k in fields) + (results.hardware(r),): r for r in recs
             if r["backend"] == "single" and r["world_size"] == 1 and r["device_type"] in curves}
@@ -100,7 +99,7 @@ def inputs(results_dir: Path, warn, unsized: bool = False) -> list[dict]:
                 disturbed[at] = disturbed.get(at, 0) + bool(x.get("disturbed"))
         out.append({**key, "hardware": hw, "t_compute": key["batch_per_device"] / thr,
                     "throughput_1": thr, "grad_bytes": grad, "grad_source": source,
-                    "curve_world_size": curves[key["device_type"]][0], "curve": curves[key["device_type"]][1],
+                    "curves": curves[key["device_type"]],
                     "measured": {k: stats.summarise_runs(v)["median"] for k, v in measured.items()},
                     "base_disturbed": sum(bool(x.get("disturbed")) for x in same if x["backend"] == "single"),
                     "measured_disturbed": disturbed})
@@ -116,13 +115,22 @@ def withheld(inp: dict, row: dict) -> tuple[str | None, str | None]:
     return base, run
 
 
+def nearest_curve(curves: dict[int, list], n: int) -> int:
+    """The world size whose measured all_reduce curve predicts N: N's own, else the nearest measured (on a log scale:
+    2 ranks are as far from 4 as 8 are; a tie goes to the larger, whose ring is the longer)."""
+    return min(curves, key=lambda m: (abs(math.log(m) - math.log(max(n, 1))), -m))
+
+
 def rows(inp: dict, sizes: list[int], backend: str, bucket_mb: float, gpus_per_node=None, inter=None) -> list[dict]:
-    """Predictions for ``sizes`` and every N where ``backend`` was measured, with the measured efficiency."""
+    """Predictions for ``sizes`` and every N where ``backend`` was measured, with the measured efficiency; each from
+    the bus-bandwidth curve measured at N, or at the nearest world size measured (``curve_world_size``)."""
     measured = {n: thr for (b, n), thr in inp["measured"].items() if b == backend}
     out = []
     for n in sorted(set(sizes) | set(measured)):
-        p = predict(inp["t_compute"], inp["grad_bytes"], n, inp["curve"], int(bucket_mb * 2 ** 20), gpus_per_node,
+        at = nearest_curve(inp["curves"], n)
+        p = predict(inp["t_compute"], inp["grad_bytes"], n, inp["curves"][at], int(bucket_mb * 2 ** 20), gpus_per_node,
                     inter)
+        p["curve_world_size"] = at
         thr = measured.get(n)
         p["measured_efficiency"] = thr / (n * inp["throughput_1"]) if thr else None
         p["measured_disturbed"] = (inp.get("measured_disturbed") or {}).get((backend, n), 0)

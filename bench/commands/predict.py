@@ -2,8 +2,8 @@
 measurements the suite already has, and how far the prediction can be trusted where N was measured.
 
 - Compute time per step, t_c: ``single`` at world size 1 (global batch / median throughput).
-- The all-reduce bus bandwidth curve: ``bench collectives`` (busbw against message size, at the largest
-  world size measured on this node).
+- The all-reduce bus bandwidth curve: ``bench collectives`` (busbw against message size), the one measured at N, or
+  at the nearest world size measured on this node (the table's "busbw from" column says which).
 
 DDP all-reduces the fp32 gradient (4 bytes per parameter) in buckets of ``--bucket-mb`` (DDP's 25 MiB).
 Each bucket of b bytes takes b x 2(N-1)/N / busbw(b) on N ranks (nccl-tests' ring model; busbw is taken
@@ -70,15 +70,16 @@ def print_prediction(inp: dict, table_rows: list[dict], args) -> None:
              if args.inter_node_gbps else "one node")
     table = Table(title=f"predicted {args.backend}-style scaling: {inp['model']} {workloads.shape(inp)} b"
                         f"{inp['batch_per_device']}/device {inp['precision']} on {inp['hardware']} ({where}); "
-                        f"t_compute {1000 * inp['t_compute']:.1f} ms, gradient {inp['grad_bytes'] / 2 ** 20:.1f} MiB, "
-                        f"busbw from {inp['curve_world_size']} ranks")
-    for col in ("N", "all-reduce ms", "step ms (overlap .. none)", "efficiency (none .. full overlap)", "measured"):
+                        f"t_compute {1000 * inp['t_compute']:.1f} ms, gradient {inp['grad_bytes'] / 2 ** 20:.1f} MiB")
+    for col in ("N", "busbw from", "all-reduce ms", "step ms (overlap .. none)", "efficiency (none .. full overlap)",
+                "measured"):
         table.add_column(col, justify="right")
     for r in table_rows:
         base, run = withheld(inp, r)  # a disturbed single@1 or measured run: the reason, not the figure
         measured = pct(r["measured_efficiency"])
         step = f"{1000 * r['step_full_overlap']:.1f} .. {1000 * r['step_no_overlap']:.1f}"
-        table.add_row(str(r["world_size"]), f"{1000 * r['t_allreduce']:.1f}", f"⚠ {base}" if base else step,
+        table.add_row(str(r["world_size"]), f"{r['curve_world_size']} ranks", f"{1000 * r['t_allreduce']:.1f}",
+                      f"⚠ {base}" if base else step,
                       f"⚠ {base}" if base else f"{pct(r['efficiency_low'])} .. {pct(r['efficiency_high'])}",
                       f"⚠ {base or run}" if measured != "-" and (base or run) else measured)
     Console(width=170).print(table)

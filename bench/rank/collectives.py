@@ -89,7 +89,8 @@ def _needs(op: str, size: int, n: int) -> int:
     return size * (2 if op in ("all_reduce", "broadcast", "horovod_allreduce") else 1 + 1 / n) + size
 
 
-TIMING = "nccl-tests: warm-up, sync + barrier, iters back-to-back operations, one sync; time / iters"
+TIMING = ("nccl-tests: warm-up, sync + barrier, iters back-to-back operations, one sync; time / iters (horovod_allreduce: "
+          "iters allreduce_async_ handles enqueued back to back, all synchronized at the end)")
 
 
 def _time(op, size, n, device, backend, warmup, iters) -> float:
@@ -97,25 +98,34 @@ def _time(op, size, n, device, backend, warmup, iters) -> float:
     import torch
     import torch.distributed as dist
 
+    from bench.core import cuda
+
     elems = max(n, size // 4) // n * n  # divisible by n, for reduce_scatter and all_gather
-    if op in ("all_reduce", "broadcast", "horovod_allreduce"):
+    pending: list = []  # Horovod's handles not yet waited for
+
+    def sync():
+        for handle in pending:
+            backend.hvd.synchronize(handle)
+        pending.clear()
+        if device.type == "cuda":
+            cuda.synchronize(device)
+
+    if op == "horovod_allreduce":
+        # allreduce_ is allreduce_async_ and a wait: one call at a time would time Horovod with a host round trip per
+        # operation, where NCCL's are queued back to back. The handles are enqueued back to back and waited for by
+        # sync(), as nccl-tests queues NCCL's (Horovod's background thread may fuse them, as it fuses a step's
+        # gradients: that is how Horovod runs).
         x = torch.zeros(elems, device=device)  # zeros: back-to-back sums stay finite
-        call = {"all_reduce": lambda: dist.all_reduce(x),
-                "broadcast": lambda: dist.broadcast(x, src=0),
-                "horovod_allreduce": lambda: backend.hvd.allreduce_(x, op=backend.hvd.Sum)}[op]
+        call = lambda: pending.append(backend.hvd.allreduce_async_(x, op=backend.hvd.Sum))  # noqa: E731
+    elif op in ("all_reduce", "broadcast"):
+        x = torch.zeros(elems, device=device)
+        call = {"all_reduce": lambda: dist.all_reduce(x), "broadcast": lambda: dist.broadcast(x, src=0)}[op]
     elif op == "reduce_scatter":
         x, y = torch.ones(elems, device=device), torch.empty(elems // n, device=device)
         call = lambda: dist.reduce_scatter_tensor(y, x)  # noqa: E731
     else:
         x, y = torch.ones(elems // n, device=device), torch.empty(elems, device=device)
         call = lambda: dist.all_gather_into_tensor(y, x)  # noqa: E731
-
-    from bench.core import cuda
-
-    def sync():
-        if device.type == "cuda":
-            cuda.synchronize(device)
-
     return time_block(call, sync, backend.barrier, warmup, iters)
 
 

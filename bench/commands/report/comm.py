@@ -206,21 +206,21 @@ def prediction_section(src: Path) -> list[str]:
             lo, hi, m = r["efficiency_low"], r["efficiency_high"], r["measured_efficiency"]
             base, run = _comm.withheld(inp, r)  # built on a disturbed single@1, or a disturbed measured run
             inside = None if m is None or base or run else ("yes" if lo - 0.02 <= m <= hi + 0.02 else "no")
-            body.append([r["world_size"], f"{1000 * r['t_allreduce']:.1f} ms",
+            body.append([r["world_size"], f"{r['curve_world_size']} ranks", f"{1000 * r['t_allreduce']:.1f} ms",
                          f"⚠ {base}" if base else f"{100 * lo:.1f} – {100 * hi:.1f} %",
                          None if m is None else f"⚠ {base or run}" if base or run else f"{100 * m:.1f} %", inside])
         md += [f"**{title}**: t_compute {1000 * inp['t_compute']:.1f} ms (single@1"
                + (", ⚠ disturbed: the predictions built on it are not shown" if inp["base_disturbed"] else "")
                + "), gradient "
-               f"{inp['grad_bytes'] / 2 ** 20:.1f} MiB ({inp['grad_source']}) in {BUCKET_MB:g} MiB buckets, "
-               f"all_reduce busbw from {inp['curve_world_size']} ranks", "",
-               md_table(["N", "all-reduce", "predicted efficiency (no .. full overlap)", "measured ddp",
-                         "inside (±2 pts)"], body, {0, 1, 2, 3}), ""]
+               f"{inp['grad_bytes'] / 2 ** 20:.1f} MiB ({inp['grad_source']}) in {BUCKET_MB:g} MiB buckets", "",
+               md_table(["N", "all_reduce busbw from", "all-reduce", "predicted efficiency (no .. full overlap)",
+                         "measured ddp", "inside (±2 pts)"], body, {0, 1, 2, 3, 4}), ""]
     if not md:
         return []
     return ["## Predicted vs measured scaling (bench predict)", "",
             "DDP-style training at larger N from the compute time at world size 1 and the measured all-reduce "
             "bandwidth: no overlap = t_compute + t_allreduce, full overlap = max of the two. Where N was measured, "
-            "the measured efficiency shows how far the model can be trusted. `python -m bench predict "
+            "the measured efficiency shows how far the model can be trusted. Each N uses the all_reduce curve measured "
+            "at N, or at the nearest world size measured. `python -m bench predict "
             "--gpus-per-node G --inter-node-gbps X` adds several nodes.", ""] + md
 
