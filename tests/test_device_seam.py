@@ -216,6 +216,40 @@ def test_memory_is_read_from_the_allocator_and_nvml_of_each_device(monkeypatch):
     assert memory_stats(OneRank()) == []  # a CPU rank: nothing
 
 
+def test_memory_at_four_gpus_is_reported_per_gpu_on_three_figures_and_the_verdict_says_which_it_reads(
+        monkeypatch, tmp_path, capsys):
+    """nn.DataParallel on 4 GPUs, read through the seam as a rank reads it: GPU 0 holds the gathered outputs and the
+    reduced gradients (allocated), every GPU its allocator's slack (reserved) and its CUDA context and NCCL's buffers
+    (NVML's used bytes, which going from 1 to N GPUs adds). The report gives the three side by side per GPU, an
+    imbalance on each, and the verdict reads allocated's, saying so."""
+    from bench.commands.report.summary import summarise, usable_records
+    from bench.rank.memory import memory_stats
+    from tests.test_report import run_report, runs, write
+
+    GiB = 2 ** 30
+    figures = [(16, 20, 23), (8, 14, 17), (8, 10, 13), (8, 12, 15)]  # allocated, reserved, NVML used: GiB per GPU
+    FakeGpuMachine([FakeGpu(peak_allocated=a * GiB, peak_reserved=r * GiB, used_bytes=u * GiB)
+                    for a, r, u in figures]).install(monkeypatch)
+    memory = memory_stats(OneRank(0, 1, 2, 3))
+    assert [(m["peak_allocated_bytes"], m["peak_reserved_bytes"], m["nvml_used_bytes"]) for m in memory] == [
+        (a * GiB, r * GiB, u * GiB) for a, r, u in figures]
+    dp = runs("dp", 4, 235.0, 240.0, 245.0)
+    for rec in dp:
+        rec["memory"] = memory
+    raw = write(tmp_path, *runs("single", 1, 98.0, 100.0, 102.0), *runs("ddp", 4, 355.0, 360.0, 365.0), *dp)
+    assert run_report(raw, tmp_path / "rep", capsys)[0] == 0
+    [row] = [r for r in summarise(usable_records(raw, print)).to_dict("records") if r["backend"] == "dp"]
+    assert row["memory_imbalance"] == pytest.approx(16 / 10)  # allocated: what the verdict reads
+    assert row["memory_imbalance_reserved"] == pytest.approx(20 / 14)
+    assert row["memory_imbalance_nvml"] == pytest.approx(23 / 17)
+    assert row["nvml_used_max_gib"] == pytest.approx(23.0)
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert ("| dp | 4 | " in md and " | 0: 16.00 / 20.00 / 23.00 · 1: 8.00 / 14.00 / 17.00 · 2: 8.00 / 10.00 / 13.00 · "
+            "3: 8.00 / 12.00 / 15.00 GiB | 1.60 × | 1.43 × | 1.35 × | +8.00 GiB |") in md
+    assert "the verdict reads the imbalance of peak allocated" in md
+    assert "- dp: 33% slower (CI 31–36%), GPU 0 holds 2.0× the peak allocated memory of the others" in md
+
+
 def test_memory_without_nvml_keeps_the_allocator_s_figures_and_says_why(monkeypatch):
     from bench.rank.memory import memory_stats
 

@@ -265,8 +265,8 @@ def test_figures_built_on_a_disturbed_baseline_or_beyond_the_limits_show_the_rea
         cli.main(["predict", "--results", str(raw), "--world-sizes", "2,8"])
     table = {cells[1]: cells[2:] for cells in ([c.strip() for c in line.split("│")] for line in
                                                 printed.getvalue().splitlines() if line.startswith("│"))}
-    assert table["2"][1:4] == ["⚠ single@1 disturbed", "⚠ single@1 disturbed", "⚠ single@1 disturbed"]
-    assert table["8"][1:4] == ["⚠ single@1 disturbed", "⚠ single@1 disturbed", "-"]
+    assert table["2"][2:5] == ["⚠ single@1 disturbed", "⚠ single@1 disturbed", "⚠ single@1 disturbed"]
+    assert table["8"][2:5] == ["⚠ single@1 disturbed", "⚠ single@1 disturbed", "-"]
     # the verdict's evidence names the reason, never the figure
     detail = md.split("## Verdict in detail")[1].split("\n## ")[0]
     assert "scaling efficiency vs single@1 not shown (baseline disturbed)" in detail and "% scaling efficiency" not in detail

@@ -54,7 +54,7 @@ def test_report_html_is_self_contained_escaped_and_complete(tmp_path):
     assert re.findall(r'data-plot="([^"]+)"', page) == [kind for kind, _ in linked]
     assert '<p class="winner"><strong>Use ddp: faster than every alternative beyond the 95% intervals.' in page
     assert '<p class="no-winner"><strong>No winner established: the 95% intervals of horovod, ddp overlap' in page
-    assert "dp: 33% slower (CI 31–36%), GPU 0 holds 1.7× the memory of the others" in page
+    assert "dp: 33% slower (CI 31–36%), GPU 0 holds 1.7× the peak allocated memory of the others" in page
     assert "exposed communication 64.6 ms/step (9% of the step)" in page  # 64 / 90 - 64 / 99 s per step
     # every table of the Markdown report is there (one <table> per Markdown table, plus the runs and logs)
     assert page.count("<table>") == len(re.findall(r"^\|---", md, re.M)) + 1

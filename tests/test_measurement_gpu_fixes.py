@@ -318,6 +318,6 @@ def test_dp_memory_imbalance_is_reported_from_the_cudnn_off_run(tmp_path, capsys
     assert code == 0
     md = (tmp_path / "rep" / "REPORT.md").read_text()
     notes = [line for line in md.splitlines() if "is reported from its cudnn.benchmark-off run" in line]
-    assert notes == ["- `dp` ×2: memory imbalance 1.11× (max/mean reserved) is reported from its "
+    assert notes == ["- `dp` ×2: memory imbalance 1.11× (max/mean peak allocated) is reported from its "
                      "cudnn.benchmark-off run; with the knob on it measured 1.33×, which holds cuDNN's algorithm "
                      "search repeated in DataParallel's new replica threads every step (cuDNN's cache is per thread)"]

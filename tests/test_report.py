@@ -395,7 +395,7 @@ def test_verdict_names_a_clear_winner_and_costs_dataparallel_s_gpu0(tmp_path, ca
     assert v["evidence"][0].endswith("ImageNet-1k epoch ≈ 59 min 19 s")  # 1,281,167 / 360 s
     [dp] = v["alternatives"]
     # 1 - 240/360 = 33%; the interval of the difference from both intervals: 1 - 245/355 .. 1 - 235/365
-    assert dp == ("dp: 33% slower (CI 31–36%), GPU 0 holds 1.7× the memory of the others, 2.00× the peak memory per "
+    assert dp == ("dp: 33% slower (CI 31–36%), GPU 0 holds 1.7× the peak allocated memory of the others, 2.00× the peak memory per "
                   "GPU (20.00 vs 10.00 GiB)")
     # the console ends with the verdict's first screen, after the path of REPORT.html: the winner, by how much, how sure
     assert out.index("REPORT.html") < out.index("== Verdict") < out.index("Use ddp")

@@ -35,7 +35,7 @@ from bench.commands.report.inputbound import section as input_bound_section
 from bench.commands.report.plots import plot_workload
 from bench.commands.report.settings import section as settings_section
 from bench.commands.report.timeline import section as timeline_section
-from bench.commands.report.summary import device_memory
+from bench.commands.report.summary import IMBALANCE_WORDS, VERDICT_IMBALANCE, device_memory, imbalances
 from bench.commands.report.verdict import duration, epoch_seconds
 from bench.core import workloads
 from bench.core.trust import SAME_COMPUTATION
@@ -96,7 +96,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                    "show *intra-node* efficiency (the same backend on one node at m, vs own@1) and *inter-node* "
                    "efficiency (thr / (k × thr of that one-node run)): what crossing the network costs.", "",
                    efficiency_table(ok, unit), "", "**3. Memory** (timed-window peak per GPU, or per rank on CPU, after warm-up; warm-up's own peak "
-                   "in the last column; every ok run)", "",
+                   "in the last column; every ok run)" + (f". {MEMORY_WORDS}" if device == "cuda" else ""), "",
                    memory_table(ok, device), ""] + eval_table(ok, label) + comm.comm_table(ok, unit) \
                 + comm.hardware_table(ok, unit) + reference.twin_table(ok) + reference.compile_table(ok) + notes(ok) \
                 + caution.section(ok)
@@ -204,20 +204,28 @@ def memory_table(ok: list[dict], device: str) -> str:
                              fmt(stats.imbalance(rss), "× (max/mean)", 2), fmt(warm and warm / GiB, "GiB", 2)])
                 continue
             mem = device_memory(rec)
-            res = [m["reserved"] for m in mem if m["reserved"] is not None]
-            excess = res[0] - sum(res[1:]) / len(res[1:]) if len(res) > 1 else None
-            nvml = max([m["nvml"] for m in mem if m["nvml"]], default=None)
-            per_device = [per([(m["index"], m[k]) for m in mem if m[k] is not None]) for k in ("reserved", "allocated")]
+            mine = [m[VERDICT_IMBALANCE] for m in mem if m[VERDICT_IMBALANCE] is not None]
+            excess = mine[0] - sum(mine[1:]) / len(mine[1:]) if len(mine) > 1 else None
+            gibs = lambda *xs: " / ".join("–" if x is None else f"{x / GiB:.2f}" for x in xs)  # noqa: E731
+            side = " · ".join(f"{m['index']}: {gibs(m['allocated'], m['reserved'], m['nvml'])}" for m in mem)
+            imb = imbalances(mem, rec)
             warm = max([m["warmup_reserved"] for m in mem if m["warmup_reserved"]], default=None)
-            rows.append([label(r), r["world_size"], rec["run_id"], *per_device, fmt(nvml and nvml / GiB, "GiB", 2),
-                         fmt(stats.imbalance(res), "× (max/mean)", 2),
+            rows.append([label(r), r["world_size"], rec["run_id"], side and side + " GiB",
+                         *[fmt(imb[k], "×", 2) for k in IMBALANCE_WORDS],
                          None if excess is None else f"{excess / GiB:+.2f} GiB", fmt(warm and warm / GiB, "GiB", 2)])
     if device != "cuda":
         return md_table(["backend", "CPU workers", "run", "host peak RSS, rank: GiB", "imbalance (RSS)",
                          "warm-up peak RSS, max"], rows, {1, 4, 5})
-    return md_table(["backend", "GPUs", "run", "peak reserved, device: GiB", "peak allocated, device: GiB",
-                     "NVML used, max", "imbalance (reserved)", "device 0 − mean of the others",
-                     "warm-up peak reserved, max"], rows, {1, 5, 6, 7, 8})
+    return md_table(["backend", "GPUs", "run", "GPU: peak allocated / peak reserved / NVML used", "imbalance (allocated)",
+                     "imbalance (reserved)", "imbalance (NVML used)", "GPU 0 − mean of the others (allocated)",
+                     "warm-up peak reserved, max"], rows, {1, 4, 5, 6, 7, 8})
+
+
+MEMORY_WORDS = ("Per GPU, side by side: peak allocated (what the tensors held), peak reserved (that plus the caching "
+                "allocator's slack) and NVML's used bytes (the whole GPU, read after the windows: that plus the CUDA "
+                "context, NCCL's buffers and any other process, what going from 1 to N GPUs adds). Imbalance = max / "
+                "mean over the GPUs, on each; the verdict reads the imbalance of peak allocated, where "
+                "nn.DataParallel's GPU-0 load (gathered outputs, reduced gradients) shows.")
 
 
 def notes(ok: list[dict]) -> list[str]:
@@ -233,7 +241,8 @@ def notes(ok: list[dict]) -> list[str]:
                              f"{', '.join(map(str, hit))}: those windows timed fewer real updates")
     lines += cudnn_lines(ok)
     lines += reference.notes(ok)  # --compile slower than eager, graphs compiled inside a window
-    lines += [f"- `{label(r)}` ×{r['world_size']}: memory imbalance {r['memory_imbalance']:.2f}× (max/mean reserved) "
+    lines += [f"- `{label(r)}` ×{r['world_size']}: memory imbalance {r['memory_imbalance']:.2f}× (max/mean "
+              f"{IMBALANCE_WORDS[VERDICT_IMBALANCE]}) "
               f"is reported from its cudnn.benchmark-off run; with the knob on it measured "
               f"{r['memory_imbalance_with_search']:.2f}×, which holds cuDNN's algorithm search repeated in "
               "DataParallel's new replica threads every step (cuDNN's cache is per thread)"

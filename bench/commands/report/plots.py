@@ -173,8 +173,8 @@ def _plot_memory(plt, ok, series, color, unit, device):
         ax.margins(y=0.15)
     panels[0][0].set_ylabel("peak memory per GPU (GiB)" if gpu else "host peak RSS per rank (GiB)")
     legend_outside(fig, [ax for ax, _ in panels])
-    return fig, (("Per-GPU peak memory: reserved (light), allocated (dark)" if gpu else "Per-rank host peak memory")
-                 + "; above the bars: imbalance max/mean")
+    return fig, (("Per-GPU peak memory: reserved (light), allocated (dark); above the bars: imbalance of peak allocated, "
+                  "max/mean" if gpu else "Per-rank host peak memory; above the bars: imbalance max/mean"))
 
 
 def _plot_step_time(plt, ok, series, color, unit, device):

@@ -68,13 +68,14 @@ def summarise(recs: list[dict]):
         dev = [device_memory(r) for r in ok]
         peak = lambda field: max([m[field] for d in dev for m in d if m[field]], default=None)  # noqa: E731
         rss = [b for r in ok for b in r.get("host_peak_rss_bytes") or [] if b]
-        # imbalance: reserved bytes over the GPUs; on CPU, host RSS over the ranks (the only measure there)
-        imb = [stats.imbalance([m["reserved"] for m in d] if d else r.get("host_peak_rss_bytes") or [])
-               for d, r in zip(dev, ok)]
+        imb = [imbalances(d, r) for d, r in zip(dev, ok)]
+        worst = lambda k: max([x[k] for x in imb if x.get(k) is not None], default=None)  # noqa: E731
         gib = lambda b: b / GiB if b else None  # noqa: E731
         row.update(peak_reserved_max_gib=gib(peak("reserved")), peak_allocated_max_gib=gib(peak("allocated")),
+                   nvml_used_max_gib=gib(peak("nvml")),
                    warmup_peak_reserved_max_gib=gib(peak("warmup_reserved")), host_rss_max_gib=gib(max(rss, default=None)),
-                   memory_imbalance=max([x for x in imb if x is not None], default=None),
+                   memory_imbalance=worst(VERDICT_IMBALANCE) if any(dev) else worst("rss"),
+                   memory_imbalance_reserved=worst("reserved"), memory_imbalance_nvml=worst("nvml"),
                    skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples,
                    numerics=numerics(ok), runs_disturbed=sum(bool(r.get("disturbed")) for r in ok))
         row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
@@ -84,6 +85,24 @@ def summarise(recs: list[dict]):
     from bench.commands.report import caution
 
     return caution.attach(nones(add_efficiency(nones(pd.DataFrame(rows)))))
+
+
+# Which per-GPU memory figure the verdict's imbalance reads (``memory_imbalance``): peak allocated, what the tensors
+# held, where nn.DataParallel's GPU-0 load (gathered outputs, reduced gradients) shows. Peak reserved adds the caching
+# allocator's slack; NVML's used bytes (the whole GPU, read after the windows) add the CUDA context, NCCL's buffers and
+# any other process: what going from 1 to N GPUs adds. Each has its own column; on CPU, host RSS per rank.
+VERDICT_IMBALANCE = "allocated"
+IMBALANCE_WORDS = {"allocated": "peak allocated", "reserved": "peak reserved", "nvml": "NVML used"}
+
+
+def imbalances(dev: list[dict], rec: dict) -> dict:
+    """max / mean over a run's GPUs of each memory figure (``device_memory``): allocated, reserved, nvml; on CPU,
+    ``rss``: host peak RSS over the ranks (the only measure there)."""
+    from bench.core import stats
+
+    if not dev:
+        return {"rss": stats.imbalance(rec.get("host_peak_rss_bytes") or [])}
+    return {k: stats.imbalance([m[k] for m in dev]) for k in IMBALANCE_WORDS}
 
 
 def numerics(ok: list[dict]) -> str | None:

@@ -28,7 +28,7 @@ from bench.commands.report.common import (
     withheld,
     workload_title,
 )
-from bench.commands.report.summary import device_memory
+from bench.commands.report.summary import IMBALANCE_WORDS, VERDICT_IMBALANCE, device_memory
 from bench.core import workloads
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ImageNet-1k (ILSVRC 2012) training set
@@ -58,11 +58,12 @@ def overlap(a: dict, b: dict) -> bool:
 
 
 def device0_ratio(r: dict) -> float | None:
-    """Device 0's peak reserved memory over the mean of the other devices (nn.DataParallel's GPU-0 problem); the
-    largest over the ok runs. None with fewer than two devices measured."""
+    """Device 0's peak memory over the mean of the other devices (nn.DataParallel's GPU-0 problem), of the figure the
+    verdict reads (summary.VERDICT_IMBALANCE: peak allocated); the largest over the ok runs. None with fewer than two
+    devices measured."""
     ratios = []
     for rec in r["_recs"]:
-        res = [m["reserved"] for m in device_memory(rec) if m["reserved"]] if rec["status"] == "ok" else []
+        res = [m[VERDICT_IMBALANCE] for m in device_memory(rec) if m[VERDICT_IMBALANCE]] if rec["status"] == "ok" else []
         if len(res) > 1:
             ratios.append(res[0] / (sum(res[1:]) / len(res[1:])))
     return max(ratios, default=None)
@@ -137,7 +138,7 @@ def cost(alt: dict, best: dict) -> str:
         parts = [f"{100 * slower:.0f}% slower (CI {100 * lo:.0f}–{100 * hi:.0f}%{', within-run only' if within else ''})"]
     ratio = device0_ratio(alt)
     if ratio and ratio >= 1.2:
-        parts.append(f"GPU 0 holds {ratio:.1f}× the memory of the others")
+        parts.append(f"GPU 0 holds {ratio:.1f}× the {IMBALANCE_WORDS[VERDICT_IMBALANCE]} memory of the others")
     mem_alt, mem_best = peak_memory(alt)[0], peak_memory(best)[0]
     if mem_alt and mem_best and abs(mem_alt / mem_best - 1) >= 0.1:
         parts.append(f"{mem_alt / mem_best:.2f}× the peak memory per {'GPU' if alt['peak_reserved_max_gib'] else 'rank'}"
