@@ -54,6 +54,7 @@ class FakeGpu:
     energy_counter: bool = True  # False: a GPU before Volta, no counter
     peak_allocated: int = 3 * GiB
     peak_reserved: int = 4 * GiB
+    cpus: list | None = None  # the CPUs near it (NVML's CPU affinity); None: every CPU of the machine
 
 
 class FakeGpuMachine:
@@ -170,6 +171,11 @@ class FakeGpuMachine:
         query("nvmlDeviceGetMemoryInfo")(lambda h: types.SimpleNamespace(
             total=machine.gpus[h].memory_bytes, used=machine.gpus[h].used_bytes,
             free=machine.gpus[h].memory_bytes - machine.gpus[h].used_bytes))
+        @query("nvmlDeviceGetCpuAffinity")
+        def _affinity(h, words):
+            cpus = machine.gpus[h].cpus if machine.gpus[h].cpus is not None else range(os.cpu_count() or 1)
+            return [sum(1 << (c - 64 * w) for c in cpus if 64 * w <= c < 64 * (w + 1)) for w in range(words)]
+
         query("nvmlDeviceGetClockInfo")(
             lambda h, which: machine.gpus[h].sm_mhz if which == m.NVML_CLOCK_SM else machine.gpus[h].mem_mhz)
 

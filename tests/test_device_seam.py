@@ -342,7 +342,7 @@ def test_bench_run_on_cuda_plans_watches_and_launches_up_to_the_first_cuda_kerne
     raw = tmp_path / "raw"
     proc = bench_inproc("run", "--device", "cuda", "--backends", "ddp", "--gpus", "2", "--model", "resnet18",
                         "--image-size", "32", "--batch-size", "2", "--warmup", "2", "--steps", "1", "--windows", "2",
-                        "--results", raw, "--timeout", "300")
+                        "--results", raw, "--timeout", "300", "--no-bind")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the run failed in its ranks, not in the harness
     [(cmd, env)] = launched
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -360,6 +360,57 @@ def test_bench_run_on_cuda_plans_watches_and_launches_up_to_the_first_cuda_kerne
         ["NVIDIA H100 80GB HBM3"] * 2, "580.159.04", "ok")
     spec = json.loads((raw / "logs" / f"{rec['run_id']}.spec.json").read_text())
     assert spec["config"]["device_type"] == "cuda" and spec["env"]["gpu_count"] == 2
+    assert spec["bind_cpus"] is False  # --no-bind reaches the ranks (bench/rank/affinity.py)
+
+
+# -- each rank bound to the CPUs near its GPU (bench/rank/affinity.py) ----------------------------------------------
+
+@pytest.fixture
+def two_numa_nodes(monkeypatch):
+    """4 fake GPUs on a machine of 2 NUMA nodes (GPUs 0-1 near CPUs 0-7, GPUs 2-3 near CPUs 8-15), this process allowed
+    CPUs 2-15; the binding is noted per thread instead of applied to the test's own process."""
+    from bench.rank import affinity
+
+    near = [list(range(8))] * 2 + [list(range(8, 16))] * 2
+    FakeGpuMachine([FakeGpu(cpus=c) for c in near]).install(monkeypatch)
+    monkeypatch.setattr(affinity, "numa_nodes", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2, 16)))
+    bound = {}
+    monkeypatch.setattr(os, "sched_setaffinity", lambda tid, cpus: bound.__setitem__(tid, set(cpus)))
+    return bound
+
+
+def test_each_rank_is_bound_to_the_cpus_near_its_gpu_on_two_numa_nodes(two_numa_nodes):
+    from bench.rank.affinity import bind
+
+    tids = {int(t) for t in os.listdir("/proc/self/task")}
+    assert bind([torch.device("cuda", 3)]) == {"cpus": "8-15", "reason": None}
+    assert set(two_numa_nodes) >= tids and two_numa_nodes[min(tids)] == set(range(8, 16))  # every thread, not one
+    two_numa_nodes.clear()
+    assert bind([torch.device("cuda", 0)]) == {"cpus": "2-7", "reason": None}  # within the CPUs it may use
+    # DataParallel's one process drives every GPU: the CPUs near any of them
+    assert bind([torch.device("cuda", i) for i in range(4)]) == {"cpus": "2-15", "reason": None}
+    two_numa_nodes.clear()
+    assert bind([torch.device("cuda", 2)], enabled=False) == {"cpus": None, "reason": "--no-bind"}
+    assert bind([torch.device("cpu")]) == {"cpus": None, "reason": "no GPU"}
+    assert two_numa_nodes == {}
+
+
+def test_no_binding_on_one_numa_node_or_without_nvml_and_the_record_says_why(two_numa_nodes, monkeypatch):
+    from bench.rank import affinity
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert affinity.bind([torch.device("cuda", 2)]) == {
+        "cpus": None, "reason": "the CPUs near GPU 2 (8-15) are outside this process's (0-1)"}
+    monkeypatch.setattr(affinity, "numa_nodes", lambda: 1)
+    assert affinity.bind([torch.device("cuda", 2)]) == {"cpus": None,
+                                                        "reason": "one NUMA node: every CPU is as near as any other"}
+    monkeypatch.setattr(affinity, "numa_nodes", lambda: 2)
+    FakeGpuMachine(nvml="missing").install(monkeypatch)
+    assert affinity.bind([torch.device("cuda", 0)]) == {
+        "cpus": None, "reason": "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"}
+    assert two_numa_nodes == {}
+    assert affinity.cpu_list({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
 
 
 # -- make coverage: which missed lines only a GPU runs (scripts/gpu_only_lines.py) ----------------------------------
@@ -432,8 +483,9 @@ def test_each_launcher_s_command_and_environment_on_a_cuda_machine(monkeypatch, 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     py = sys.executable
     expected = {
-        "single": [[py, "-m", "bench.rank", "--spec"]],
-        "dp": [[py, "-m", "bench.rank", "--spec"]] * 3,  # 1 GPU; 2 GPUs with cudnn.benchmark on and off
+        # single and dp at 1 GPU with cudnn.benchmark on, and off: the baselines of dp's labelled variant
+        "single": [[py, "-m", "bench.rank", "--spec"]] * 2,
+        "dp": [[py, "-m", "bench.rank", "--spec"]] * 4,  # 1 GPU; 2 GPUs with cudnn.benchmark on and off; 1 GPU off
         "ddp": [[py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", "bench.rank",
                  "--spec"] for n in (1, 2)],
         "ddp_spawn": [[py, "-m", "bench.rank", "--spec"]] * 2,

@@ -170,6 +170,49 @@ def test_windows_time_only_the_steps_and_read_everything_else_outside(monkeypatc
     assert train.windows(b, types.SimpleNamespace(windows=2, steps=1), sync, meter, waited=False)["profiler"] is True
 
 
+def test_the_collector_stays_off_in_every_timed_window_and_collects_outside_them(monkeypatch):
+    """One policy for every backend (torchtitan's): after set-up one full collection, then automatic collection off,
+    and the young generations collected before each window, outside it, on every rank. A collection that starts inside
+    one rank's window and not in another's is a straggler, and a window lasts as long as its slowest rank."""
+    import gc
+
+    from bench.rank import startup
+
+    events = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: events.append(("collect", generation)) or 0)
+
+    class Backend:
+        batches = None
+
+        def barrier(self):
+            events.append("barrier")
+
+        def loss_scale(self):
+            return None
+
+        def skipped_steps(self):
+            return None
+
+        def devices(self):
+            return [torch.device("cpu")]
+
+        def train(self, steps):
+            events.append(("train", gc.isenabled()))
+
+    class Meter:
+        def read(self):
+            return None
+
+    try:
+        gc.enable()
+        assert startup.done(timed=True) == startup.TIMED_POLICY and not gc.isenabled()
+        train.windows(Backend(), types.SimpleNamespace(windows=2, steps=3), lambda: None, Meter(), waited=False)
+    finally:
+        gc.enable()
+    assert events == [("collect", 2)] + [("collect", 1), "barrier", ("train", False)] * 2
+    assert startup.done() is None and gc.isenabled()  # every other task: the collector back on, as a script has it
+
+
 class VirtualGpu:
     """A GPU that runs behind the host on the test's clock, for the fake GPU machine's events (tests/fake_gpu.py:
     FakeEvent): each step the host spends ``host_s`` launching and the GPU ``gpu_s`` on kernels that start when it has

@@ -272,29 +272,33 @@ def test_a_user_model_scores_its_samples_by_its_own_loss_with_no_accuracy():
 @pytest.mark.slow
 def test_a_user_model_with_its_own_loss_trains_verifies_and_evaluates(tmp_path):
     """The model (``regression``, watched) also says when Python's cyclic garbage collector was on: off while each
-    rank builds it, on at every loss it computes (bench/rank/startup.py), in the run's two ranks under torchrun and in
-    verify's four rank processes (2 under torchrun, the reference and its twin in process)."""
+    rank builds it (bench/rank/startup.py); in the run's two ranks under torchrun off at every loss too (the timed loop's
+    policy: collections between windows only), in verify's four rank processes (2 under torchrun, the reference and its
+    twin in process) on at every loss, as a user's script has it."""
     model = ["--model", "tests.user_model:regression_watched", "--device", "cpu", "--gpus", 2]
-    gc_log = {"BENCH_TEST_GC_LOG": tmp_path / "gc.log"}
     run = bench_inproc("run", "--backends", "ddp", *model, "--batch-size", 4, "--warmup", 2, "--steps", 2, "--windows", 2,
-                "--eval", "--eval-samples", 9, "--results", tmp_path / "run", env=gc_log)
+                "--eval", "--eval-samples", 9, "--results", tmp_path / "run",
+                env={"BENCH_TEST_GC_LOG": tmp_path / "gc-run.log"})
     assert run.returncode == 0, run.stdout + run.stderr
     [rec] = records(tmp_path / "run")
     assert rec["status"] == "ok" and rec["replicas_consistent"] is True, rec["reason"]
     assert rec["eval_samples"] == 9 and rec["eval_loss"] > 0 and rec["eval_accuracy"] is None
     verify = bench_inproc("verify", "--backends", "ddp", *model, "--steps", 4, "--results", tmp_path / "verify",
-                          env=gc_log)
+                          env={"BENCH_TEST_GC_LOG": tmp_path / "gc-verify.log"})
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "| ddp     │ 2 " not in verify.stdout and " pass " in verify.stdout
-    ranks: dict[str, list[tuple[str, str]]] = {}
-    for pid, what, on, where in (ln.split() for ln in (tmp_path / "gc.log").read_text().splitlines()):
-        if where == "rank":
-            ranks.setdefault(pid, []).append((what, on))
-    assert len(ranks) == 6, ranks
-    for calls in ranks.values():  # built (the factory is asked twice) with the collector off, then every loss on
-        built = calls.index(("loss", "True"))
-        assert built and set(calls[:built]) == {("set-up", "False")} and set(calls[built:]) == {("loss", "True")}, calls
-        assert len(calls) - built >= 4, calls
+    for log, losses, count in (("gc-run.log", "False", 2), ("gc-verify.log", "True", 4)):
+        ranks: dict[str, list[tuple[str, str]]] = {}
+        for pid, what, on, where in (ln.split() for ln in (tmp_path / log).read_text().splitlines()):
+            if where == "rank":
+                ranks.setdefault(pid, []).append((what, on))
+        assert len(ranks) == count, (log, ranks)
+        for calls in ranks.values():  # built (the factory is asked twice) with the collector off, then every loss
+            built = calls.index(("loss", losses))
+            assert built and set(calls[:built]) == {("set-up", "False")}, (log, calls)
+            assert set(calls[built:]) == {("loss", losses)} and len(calls) - built >= 4, (log, calls)
+    assert rec["gc_policy"] == ("automatic collection off in every rank from set-up on; one full collection before "
+                                "warm-up and gc.collect(1) before each timed window, outside it (torchtitan's policy)")
     report = bench_inproc("report", "--results", tmp_path / "run", "--out", tmp_path / "rep")
     assert report.returncode == 0, report.stderr
     assert "| none: scored by its own loss |" in (tmp_path / "rep" / "REPORT.md").read_text()

@@ -36,6 +36,9 @@ def register(sub) -> None:
                    help=f"after each run's measurements, profile STEPS more steps (default {traces.DEFAULT_STEPS}, at "
                         f"most {traces.MAX_STEPS}) on every rank with torch.profiler: one Chrome trace per rank next to "
                         "the run's log, its phases per step in the record (never inside a timed window)")
+    r.add_argument("--no-bind", action="store_true",
+                   help="leave each rank free to run on any CPU (default on a GPU machine with several NUMA nodes: "
+                        "bound to the CPUs near its GPU, NVML's CPU affinity; recorded as cpu_binding)")
     r.set_defaults(func=cmd_run)
 
 
@@ -130,7 +133,8 @@ def cmd_run(args) -> int:
                 waited = machine.wait_quiet(cfg.device_type, gpus, wait_quiet, say=bar.say) if runs else None
                 rec = run_watched(cfg, results_dir, env_meta, gpus=gpus, waited=waited, nodes=nodes,
                                   rdzv_id=f"{nodes.rdzv_id}-{i}" if nodes else "", unavailable=loader_unavailable(cfg),
-                                  extra_spec={"peak": measured_peak, **({"trace_steps": trace} if trace else {})})
+                                  extra_spec={"peak": measured_peak, "bind_cpus": not getattr(args, "no_bind", False),
+                                              **({"trace_steps": trace} if trace else {})})
                 note = peak.warning(rec.get("peak_measured"))  # once per cache entry and sweep
                 if note and note not in peak_warned:
                     peak_warned.add(note)

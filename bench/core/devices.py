@@ -15,6 +15,13 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def numa_nodes() -> int:
+    """The machine's NUMA nodes (Linux's /sys/devices/system/node); 1 where it says nothing."""
+    import glob
+
+    return len(glob.glob("/sys/devices/system/node/node[0-9]*")) or 1
+
+
 def detect_device(requested: str) -> tuple[str, int]:
     """(device type, devices present): CUDA GPUs, or CPU cores for CPU workers. Where NVML sees GPUs that torch cannot
     use (a driver older than the CUDA torch was built for, a CPU build of torch, CUDA_VISIBLE_DEVICES hiding them),

@@ -57,6 +57,14 @@ class Session:
         v = int(self._call("CUDA driver version", self._lib.nvmlSystemGetCudaDriverVersion))
         return f"{v // 1000}.{v % 1000 // 10}"
 
+    def cpu_affinity(self, index: int) -> set[int]:
+        """The CPUs near this GPU (NVML's ideal CPU affinity: those of its NUMA node), as CPU numbers."""
+        import os
+
+        words = -(-(os.cpu_count() or 1) // 64)  # 64 CPUs per word of the mask
+        mask = self._call("CPU affinity", self._lib.nvmlDeviceGetCpuAffinity, self._handle(index), words)
+        return {64 * w + bit for w, word in enumerate(mask) for bit in range(64) if int(word) >> bit & 1}
+
     def memory_total(self, index: int) -> int:
         return int(self._call("memory info", self._lib.nvmlDeviceGetMemoryInfo, self._handle(index)).total)
 

@@ -63,6 +63,7 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps:
         profiler_in_windows=any(r.get("profiler_in_windows") for r in per_rank),
         loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
         threads_per_rank=spec["threads_per_rank"],
+        cpu_binding=[r.get("cpu_binding") for r in per_rank],  # per rank: the CPUs it was bound to, or why not
         rank_python_prefixes=[r.get("python_prefix") for r in per_rank],  # each rank's sys.prefix (env.python_prefix:
         # the harness's); a launcher found on PATH once started ranks outside the harness's virtualenv
         finished_at=results.utc_now(),

@@ -21,7 +21,7 @@ from bench.core import cuda, results
 from bench.core.config import RunConfig
 from bench.core.markers import REFUSED_EXIT, REFUSED_MARKER
 from bench.rank import compiled as compile_probe
-from bench.rank import data, lifeline, peak, startup
+from bench.rank import affinity, data, lifeline, peak, startup
 from bench.rank.energy import EnergyMeter, window_energy
 from bench.rank.evaluate import evaluate
 from bench.rank.faults import Fault
@@ -44,10 +44,11 @@ def run(spec: dict) -> None:
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
     hosts = check_fingerprints(backend, cfg, spec)  # before any timed work: every rank runs the same thing
+    binding = affinity.bind(backend.devices(), spec.get("bind_cpus", True))  # near its GPU (bench/rank/affinity.py)
     fault.install(backend)
     backend.batches = data.batches_for(cfg, backend)
     waited = getattr(backend.batches, "wait_seconds", None) is not None  # real data: time the input waits
-    startup.done()  # the collector back on before warm-up (bench/rank/startup.py)
+    gc_policy = startup.done(timed=True)  # one collection; automatic collection off (bench/rank/startup.py)
 
     def sync():
         for d in backend.devices():
@@ -142,6 +143,7 @@ def run(spec: dict) -> None:
         "trace": trace,
         "state_bytes": state,
         "profiler_in_windows": timed["profiler"] or bool(compute_only and compute_only["profiler"]),
+        "cpu_binding": binding,
         "python_prefix": sys.prefix,  # the environment this rank imported from (the launcher's interpreter)
         "numerics": numerics,
         "compile_graphs": graphs,
@@ -152,6 +154,7 @@ def run(spec: dict) -> None:
     if backend.rank == 0:
         record = build_record(cfg, spec, gathered, SETTLE_STEPS, measured_peak)
         record.update(hosts=hosts, launched_by=spec.get("launched_by"), windows_wall_span=timed["wall_span"],
+                      gc_policy=gc_policy,
                       compute_only_wall_span=compute_only and compute_only["wall_span"], **host_bound(gathered))
         results.save(record, spec["results_dir"])
     backend.barrier()  # nobody tears the process group down while rank 0 still needs it
@@ -169,7 +172,8 @@ HOST_BOUND_RATIO = 0.9
 
 
 def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "window") -> dict:
-    """``cfg.windows`` timed windows of ``cfg.steps`` steps: barrier, synchronize, host reads (loss scale, energy),
+    """``cfg.windows`` timed windows of ``cfg.steps`` steps: a collection of the young generations (the collector is
+    off: bench/rank/startup.py), barrier, synchronize, host reads (loss scale, energy),
     t0, the steps, synchronize, t1, host reads again. Nothing but the steps is inside the timed region. On CUDA each
     window also times the host's enqueueing of its steps (t0 to the return of ``train``) and the GPU's time for them
     (a CUDA event recorded before t0 and one after the steps, read after the synchronize: ``cuda.timing_event``)."""
@@ -178,6 +182,7 @@ def windows(backend, cfg: RunConfig, sync, meter, waited: bool, phase: str = "wi
     gpu = any(d.type == "cuda" for d in backend.devices())
     for i in range(cfg.windows):
         lifeline.set_phase(f"{phase} {i + 1} of {cfg.windows}")  # several nodes: where a lost node was
+        startup.between_windows()  # the collector's work, outside the window on every rank (bench/rank/startup.py)
         backend.barrier()  # start every window together; the barrier itself is not timed
         sync()
         scale, count, joules = backend.loss_scale(), backend.skipped_steps(), meter.read()

@@ -1,9 +1,11 @@
 """What the plain twins share, in plain torch: one training step (autocast at bf16/fp16, a GradScaler at fp16) and
 the harness's window schedule (warm-up steps timed one by one, the settle step, then the timed windows, the device
 synchronised at each edge), with the wall and CPU time of each window. Under --compile the eager model is timed the
-same way after the compiled windows. A backend's own loop (``c["loop"]["name"]``: ddp.py, fsdp2.py, ds_zero.py beside
-this file) wraps the model and optimizer first, and may bring its own step (DeepSpeed's engine). It imports importlib,
-json, time and torch only."""
+same way after the compiled windows. Python's collector runs as in the harness's timed loop (bench/rank/startup.py):
+automatic collection off, one full collection before warm-up and ``gc.collect(1)`` before each window. A backend's
+own loop (``c["loop"]["name"]``: ddp.py, fsdp2.py, ds_zero.py beside this file) wraps the model and optimizer first,
+and may bring its own step (DeepSpeed's engine). It imports gc, importlib, json, time and torch only."""
+import gc
 import importlib
 import json
 import time
@@ -43,6 +45,8 @@ def run(c, model, optimizer, loss_of, device, out_path):
     def measure(net):
         """Warm-up (each step on its own), settle, then the timed windows: wall and CPU time of each."""
         warm, wall, cpu = [], [], []
+        gc.collect()
+        gc.disable()
         for _ in range(c["warmup"]):
             t0 = time.perf_counter()
             step(net)
@@ -53,6 +57,7 @@ def run(c, model, optimizer, loss_of, device, out_path):
         sync()
         span = [time.time()]
         for _ in range(c["windows"]):
+            gc.collect(1)
             sync()
             c0 = time.process_time()
             t0 = time.perf_counter()

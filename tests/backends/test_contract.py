@@ -27,7 +27,7 @@ from bench.commands import _plan
 from bench.commands._plan import parse_run, plan
 from bench.core import results, traces
 from bench.core.errors import UsageError
-from bench.rank import train
+from bench.rank import startup, train
 from tests.conftest import TINY, TINY_STEPS, TINY_WINDOWS, bench_inproc, cli_error, records, skip_without
 
 # The sweep's flags, every one of them checked on every record. --eval: 37 samples over 2 ranks (DistributedSampler
@@ -145,6 +145,9 @@ def assert_ok_record(rec: dict, cfg) -> None:
     assert rec["env"]["cpu_count"] >= 1 and rec["env"]["torch"]
     # every rank ran in the harness's environment, whichever launcher started it (tests/test_install.py: in a venv)
     assert rec["rank_python_prefixes"] == [rec["env"]["python_prefix"]] * n == [sys.prefix] * n
+    # one GC policy for every backend; no CPU binding without a GPU (bench/rank/startup.py, affinity.py)
+    assert rec["gc_policy"] == startup.TIMED_POLICY
+    assert rec["cpu_binding"] == [{"cpus": None, "reason": "no GPU"}] * n
     # the compute-only reference, measured in the same processes wherever there is a synchronisation to skip
     why = train.compute_only_reason(backend, cfg)
     co = rec["compute_only"]
