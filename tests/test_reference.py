@@ -22,7 +22,7 @@ from bench.core import reference, results, stats
 from bench.core.config import RunConfig
 from tests.conftest import REPO, cli_error, records, skip_without
 
-TWIN_IMPORTS = {"json", "sys", "time", "os", "importlib", "dataclasses", "inspect", "torch", "torch.nn.functional", "torchvision",
+TWIN_IMPORTS = {"gc", "json", "sys", "time", "os", "importlib", "dataclasses", "inspect", "torch", "torch.nn.functional", "torchvision",
                 "backends.models.gpt", "bench.twins",  # bench.twins: loop.py (the step and windows), ddp.py's group
                 # the backends' own loops: DDP, FSDP2 as torchtitan writes it, DeepSpeed's engine
                 "torch.distributed", "torch.distributed.optim", "torch.nn.parallel", "torch.distributed.device_mesh",

@@ -64,6 +64,8 @@ def build_record(cfg: RunConfig, spec: dict, per_rank: list[dict], settle_steps:
         loader_workers_per_process=per_rank[0].get("loader_workers"),  # DataLoader workers of each training process
         threads_per_rank=spec["threads_per_rank"],
         cpu_binding=[r.get("cpu_binding") for r in per_rank],  # per rank: the CPUs it was bound to, or why not
+        # fp16: each rank's loss scale after the windows; ranks whose scales differ summed gradients at different scales
+        loss_scales=[r.get("loss_scale") for r in per_rank] if skipped[0] is not None else None,
         rank_python_prefixes=[r.get("python_prefix") for r in per_rank],  # each rank's sys.prefix (env.python_prefix:
         # the harness's); a launcher found on PATH once started ranks outside the harness's virtualenv
         finished_at=results.utc_now(),

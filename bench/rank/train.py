@@ -135,6 +135,7 @@ def run(spec: dict) -> None:
         "host_peak_rss_bytes": host_rss,
         "warmup_host_peak_rss_bytes": warmup_rss,
         "skipped_steps": timed["skipped"] if scale0 is not None else None,
+        "loss_scale": backend.loss_scale(),  # after the windows: every rank's must be the same (tests/test_loss_scale.py)
         "warmup_skipped_steps": skips(scale0, scale_after_warmup, count0, count_after_warmup)
         if scale0 is not None else None,
         "backend_info": backend.describe(),

@@ -134,6 +134,7 @@ def assert_ok_record(rec: dict, cfg) -> None:
     assert len(rec["host_peak_rss_bytes"]) == len(rec["warmup_host_peak_rss_bytes"]) == n
     assert all(0 < b for b in rec["host_peak_rss_bytes"] + rec["warmup_host_peak_rss_bytes"])
     assert rec["skipped_steps"] is None and rec["warmup_skipped_steps"] is None  # fp32: no loss scale, no skip
+    assert rec["loss_scales"] is None
     # FLOPs are counted for every record; MFU, energy and device memory are GPU figures, empty on CPU with the reason
     assert rec["flops_per_sample"] == pytest.approx(flops_per_sample("resnet18", 32))
     assert rec["mfu"] is None and rec["peak_tflops_source"] == "no GPU: MFU is for GPUs"
