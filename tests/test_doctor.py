@@ -50,8 +50,8 @@ def test_the_plan_covers_every_registered_backend_at_bf16_fp16_fp32_and_two_rank
     single_purpose = {"cudnn-off", "energy-span", "decode-torchvision", "decode-dali", "ddp-hook-powersgd",
                       "ddp-hook-fp16", "trace-hta", "gpt-memory"}
     assert single_purpose <= set(names)
-    two_gpus = {"deepspeed-2gpus-fp32", "deepspeed-2gpus-fp16", "fsdp2-2gpus-fp16", "horovod-2gpus", "dp-2gpus",
-                "dp-energy", "collectives-2gpus"}
+    two_gpus = {"deepspeed-2gpus-fp32", "deepspeed-2gpus-fp16", "deepspeed-2gpus-fp16-params", "fsdp2-2gpus-fp16",
+                "horovod-2gpus", "dp-2gpus", "dp-energy", "collectives-2gpus"}
     assert (two_gpus <= set(names)) is (gpus == 2) and (two_gpus & set(names) == set()) is (gpus == 1)
     assert all(x.gpus <= gpus for x in plan)
 

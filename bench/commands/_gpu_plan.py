@@ -158,6 +158,12 @@ def two_gpu_launches(names: list[str]) -> list[Launch]:
             out.append(Launch(f"deepspeed-2gpus-{precision}", ("run", "--backends", ",".join(ds), "--gpus", "2",
                                                                *GPU_RUN, "--precision", precision),
                               f"DeepSpeed at 2 GPUs, {precision}", tuple(ds), trees=len(ds), gib=3.0, gpus=2))
+        # under torch_autocast at fp16, stages 1-2 are refused at N >= 2 (their ranks' loss scales would differ): the
+        # launch above runs ZeRO-3 alone, and DeepSpeed's own fp16 section runs every stage here
+        out.append(Launch("deepspeed-2gpus-fp16-params", ("run", "--backends", ",".join(ds), "--gpus", "2", *GPU_RUN,
+                                                          "--precision", "fp16", "--ds-mp", "params"),
+                          "DeepSpeed at 2 GPUs, fp16 section (half parameters)", tuple(ds), trees=len(ds), gib=3.0,
+                          gpus=2))
     if "fsdp2" in names:
         out.append(Launch("fsdp2-2gpus-fp16", ("run", "--backends", "fsdp2", "--gpus", "2", *GPU_RUN, "--precision",
                                                "fp16", "--fsdp-mp", "params"),
