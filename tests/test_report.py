@@ -126,10 +126,11 @@ def test_full_sweep_through_the_cli(tmp_path):
     assert "| ddp | 4 | fp32 | 360.0 img/s | 90.0 % | 91.8 % |" in md
     assert "| dp | 4 | fp32 | 240.0 img/s | 60.0 % | 63.2 % |" in md
     assert "| ddp_amp_syncbn | 2 | fp16 | 390.0 img/s |  | 97.5 % |" in md
-    # memory: DataParallel's GPU-0 excess is visible (20 vs 12 GiB: imbalance 20/14, +8 GiB over the others)
+    # memory: DataParallel's GPU-0 excess is visible (reserved 20 vs 12 GiB, allocated 16 vs 9.6: imbalance 20/14 on
+    # each; NVML's whole-GPU figure a GiB more each: 21/14), per GPU allocated / reserved / NVML used side by side
     dp4 = next(line for line in md.splitlines() if line.startswith("| dp | 4 | 2026"))
-    assert "0: 20.00 · 1: 12.00 · 2: 12.00 · 3: 12.00 GiB" in dp4
-    assert "1.43 × (max/mean)" in dp4 and "+8.00 GiB" in dp4
+    assert "0: 16.00 / 20.00 / 21.00 · 1: 9.60 / 12.00 / 13.00 · 2: 9.60 / 12.00 / 13.00 · 3: 9.60 / 12.00 / 13.00 GiB" in dp4
+    assert "| 1.43 × | 1.43 × | 1.40 × | +6.40 GiB |" in dp4
     assert dp4.endswith("| 22.00 GiB |")  # the warm-up peak, in its own column, never the timed one
     assert row(df, "dp", 4).memory_imbalance == pytest.approx(20 / 14, abs=1e-3)
     assert "### Skipped and failed runs\n\nNone." in md
