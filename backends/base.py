@@ -68,7 +68,7 @@ class Backend:
     # -- run in the harness process, before launching: cheap, imports nothing heavy --------------
     def unavailable(self, cfg) -> str | None:
         """Why this backend cannot run ``cfg`` on this machine (a reason and a fix), or None. (A real-data run's
-        loader is asked first, by the planner: bench/commands/_plan.py, loader_unavailable.)"""
+        loader is asked first, by the planner: bench/plan/sweep.py, loader_unavailable.)"""
         if cfg.precision == "fp16" and cfg.device_type == "cpu":
             return "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"
         if getattr(cfg, "nnodes", 1) > 1 and self.launcher in ("inproc", "spawn"):
@@ -222,7 +222,7 @@ class Backend:
         return str(next(self.module.parameters()).dtype).removeprefix("torch.")
 
     # settings that tilt a comparison between backends, shown side by side in the report
-    # (bench/commands/report/settings.py)
+    # (bench/report/settings.py)
     compile_mode = "whole model"  # what --compile compiles (FSDP2: each block, as torchtitan does)
 
     def describe(self) -> dict:

@@ -350,7 +350,7 @@ def skip_missing(backend: str, loader: str | None, reason: str) -> None:
     pytest.skip(reason)
 
 
-# The GPU check's launch plan (bench/commands/_gpu_plan.py): the `gpu` tests start no runs of their own, they read the
+# The GPU check's launch plan (bench/plan/gpu_check.py): the `gpu` tests start no runs of their own, they read the
 # plan's records. Under `bench doctor` the plan already ran and BENCH_GPU_PLAN_DIR names its folder; under a plain
 # `pytest -m gpu` the first test that asks runs it there, once for every xdist worker (they inherit this variable from
 # the controller, which sets it before they start, and take turns on the folder's lock).
@@ -367,7 +367,7 @@ class GpuPlan:
         """A launch's manifest entry; skips the test when the plan has no such launch (two GPUs needed, another
         doctor --backends), the budget left it out, or every run of it would be skipped here (the plan did not start
         it: a backend or loader missing, with its reason)."""
-        from bench.commands import _gpu_plan
+        from bench.plan import gpu_check as _gpu_plan
 
         got = self.manifest["launches"].get(name)
         if got is None:
@@ -382,7 +382,7 @@ class GpuPlan:
 
     def records(self, name: str) -> list[dict]:
         """Every record of a launch; fails with the launch's last log lines when it wrote none."""
-        from bench.commands import _gpu_plan
+        from bench.plan import gpu_check as _gpu_plan
 
         launch = self.launch(name)
         recs = _gpu_plan.records(self.folder, name)
@@ -410,7 +410,7 @@ def shared_gpu_plan(folder: Path | str | None = None, runner=None) -> GpuPlan:
     """The plan's results in ``folder`` (default BENCH_GPU_PLAN_DIR): read when a complete manifest is there, else run
     by ``runner(folder)`` (default: the whole plan for this machine) while holding the folder's lock, so that the
     first caller of the session runs it and every other caller, in any xdist worker, waits and reads."""
-    from bench.commands import _gpu_plan
+    from bench.plan import gpu_check as _gpu_plan
 
     folder = Path(folder or os.environ["BENCH_GPU_PLAN_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
@@ -426,7 +426,7 @@ def run_gpu_plan(folder: Path) -> dict:
     """The whole plan for this machine's GPUs (one, or two and more), as bench doctor runs it."""
     import time
 
-    from bench.commands import _gpu_plan
+    from bench.plan import gpu_check as _gpu_plan
     from bench.core import cuda
     from bench.core.devices import usable_cpus
 

@@ -122,7 +122,7 @@ def test_rules_that_give_the_same_rate_are_one_run_labelled_with_each(tmp_path, 
     yet both ran, with identical results. One run stands for both, labelled "linear = none"; at 2 workers each rule
     runs. Planned and launched in process (the launcher is replaced: nothing starts)."""
     from bench import launch
-    from bench.commands import _accuracy
+    from bench.plan import accuracy as _accuracy
 
     s = {"base_lr": 0.05, "base_batch": 16, "scaling": ["linear", "sqrt", "none"]}
     assert _accuracy.rule_groups(s, 16) == [["linear", "sqrt", "none"]]
@@ -153,7 +153,7 @@ def test_rules_that_give_the_same_rate_are_one_run_labelled_with_each(tmp_path, 
 
 def test_a_disturbed_to_accuracy_run_says_it_was_its_training_not_timed_windows(tmp_path):
     """Issue 47: the message said "during the timed windows", but accuracy runs have no windows."""
-    from bench.commands import _accuracy
+    from bench.plan import accuracy as _accuracy
 
     machine = {"cpus": 2, "windows": {"others_cpu_share": 0.45, "others_cpu_cores": 0.9}, "gpus": []}
     rec = {**acc_record("ddp", 2), "machine": machine, "disturbed": True,
@@ -171,7 +171,7 @@ def test_coinciding_curves_stay_apart_each_backend_in_its_own_colour_and_marker(
     import numpy as np
     from matplotlib.colors import to_rgb
 
-    from bench.commands.report import accuracy, style
+    from bench.report import accuracy, style
 
     figures = []
     monkeypatch.setattr(accuracy, "save_figure", lambda fig, stem, tight=False: figures.append(fig))
@@ -336,7 +336,7 @@ def test_the_verdict_s_first_screen_has_a_line_for_every_group(tmp_path, capsys)
 
 
 def test_the_verdict_names_no_winner_when_the_runs_overlap_or_were_disturbed(tmp_path):
-    from bench.commands.report import accuracy
+    from bench.report import accuracy
 
     src = tmp_path / "raw"
     write(src / "accuracy", [acc_record("ddp", 2, "linear", 3, t) for t in (3.0, 3.1, 3.5)]

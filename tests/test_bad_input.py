@@ -86,7 +86,7 @@ def test_a_failed_rank_is_reported_with_the_exception_s_message_not_its_source_l
 
 
 def test_the_default_cpu_sweep_measures_dp_at_one_worker():
-    from bench.commands import _plan
+    from bench.plan import sweep as _plan
 
     configs, notes = _plan.plan(_plan.parse_run(["--device", "cpu", "--max-gpus", "2"]))
     planned = {(c.backend, c.world_size) for c in configs}

@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from bench import cli
-from bench.commands import _nodes as multinode
-from bench.commands._plan import world_sizes
+from bench.plan import nodes as multinode
+from bench.plan.sweep import world_sizes
 from bench.core.errors import UsageError
 from tests.fake_gpu import FakeGpu, FakeGpuMachine
 

@@ -8,8 +8,8 @@ import torch
 
 from backends.models import flops
 from bench import cli
-from bench.commands import _comm as predict
-from bench.commands.report import comm
+from bench.report import scaling as predict
+from bench.report import comm
 from bench.core import mfu
 from bench.rank import energy
 from tests.conftest import bench, cli_error
@@ -284,7 +284,7 @@ def test_the_communication_sections_use_the_size_each_run_had(tmp_path, capsys):
     assert f"**{unsized} b64/device fp32 on CPU: Xeon**: no prediction: {why}" in md
     assert f"- {unsized}: gradient size unknown, not drawn: {why}" in md
     # the collectives plot's dashed lines: one per model, a GPT's at its sequence length
-    from bench.commands.report.summary import summarise, usable_records
+    from bench.report.summary import summarise, usable_records
 
     rows = summarise(usable_records(raw, warned.append)).to_dict("records")
     assert comm.gradient_sizes(rows) == ({user: user_bytes, "gpt-small seq 256": gpt_bytes}, {unsized: why})

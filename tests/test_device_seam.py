@@ -109,7 +109,7 @@ def test_gpus_torch_cannot_use_are_refused_in_one_line_not_measured_as_a_cpu(mon
     now bench run exits 2 with one line naming the driver, torch's CUDA and the way out. --device cpu still runs."""
     import torch
 
-    from bench.commands import _plan
+    from bench.plan import sweep as _plan
     from tests.conftest import cli_error
 
     FakeGpuMachine([FakeGpu() for _ in range(8)], driver="535.104.05", driver_cuda="12.2", torch_sees=False,
@@ -222,7 +222,7 @@ def test_memory_at_four_gpus_is_reported_per_gpu_on_three_figures_and_the_verdic
     reduced gradients (allocated), every GPU its allocator's slack (reserved) and its CUDA context and NCCL's buffers
     (NVML's used bytes, which going from 1 to N GPUs adds). The report gives the three side by side per GPU, an
     imbalance on each, and the verdict reads allocated's, saying so."""
-    from bench.commands.report.summary import summarise, usable_records
+    from bench.report.summary import summarise, usable_records
     from bench.rank.memory import memory_stats
     from tests.test_report import run_report, runs, write
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import backends
-from bench.commands import _gpu_plan as gpu_plan
+from bench.plan import gpu_check as gpu_plan
 from bench.commands import doctor
 from tests.conftest import REPO, bench_inproc, cli_error
 from tests.fake_gpu import FakeGpuMachine
@@ -21,7 +21,7 @@ GiB = 2 ** 30
 
 
 def fake_cuda(monkeypatch, n):
-    from bench.commands import _plan  # the planner bench run and bench doctor share
+    from bench.plan import sweep as _plan  # the planner bench run and bench doctor share
 
     monkeypatch.setattr(_plan, "detect_device", lambda requested: ("cuda", n))
 
@@ -591,7 +591,7 @@ def test_junit_summary(tmp_path):
 # --ranks-per-gpu: the 2-rank gpu tests on a one-GPU machine (tests/test_gpu.py two_ranks)
 
 def test_ranks_per_gpu_plans_two_ranks_on_one_gpu_for_the_ddp_family_only(monkeypatch):
-    from bench.commands import _plan
+    from bench.plan import sweep as _plan
 
     fake_cuda(monkeypatch, 1)
     args = _plan.parse_run(["--backends", "all", "--gpus", "2", "--ranks-per-gpu", "2", "--device", "cuda"])
@@ -697,7 +697,7 @@ def test_a_test_that_needs_a_missing_dependency_skips_with_the_reason_or_fails_w
 def test_a_gpt_on_a_gpu_defaults_to_8_sequences_per_device_and_a_resnet_to_64(monkeypatch):
     """GPT models inherited the GPU's 64 per device: ~13 GB of logits alone for gpt-125m at 1024 tokens, so activations,
     not the sharded state, decided every comparison."""
-    from bench.commands import _plan
+    from bench.plan import sweep as _plan
 
     fake_cuda(monkeypatch, 1)
     for model, batch, seq in (("gpt-125m", 8, 1024), ("resnet50", 64, None), ("tests.user_model:factory", 64, None)):

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from bench.commands._plan import parse_run, plan
+from bench.plan.sweep import parse_run, plan
 from tests.backends.test_contract import CONTRACT_MODEL, assert_ok_record
 from tests.conftest import REPO, TINY, bench_inproc, records
 

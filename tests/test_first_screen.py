@@ -14,7 +14,8 @@ import json
 import pandas as pd
 import pytest
 
-from bench.commands import _summary, report
+from bench.commands import report
+from bench.report import console as _summary
 from bench.core import trust
 from tests import chromium
 from tests.test_report import make, write

@@ -1,4 +1,4 @@
-"""Every backend on one GPU, read from the GPU check's launch plan (bench/commands/_gpu_plan.py; the ``gpu_plan``
+"""Every backend on one GPU, read from the GPU check's launch plan (bench/plan/gpu_check.py; the ``gpu_plan``
 fixture of tests/conftest.py): at bf16 and fp16 with the memory probe, fp32 through ``bench verify``, and the
 single-purpose runs (cuDNN's benchmark off, DDP's communication hooks). These tests start nothing: the plan ran every
 launch once, several at once on the GPU, and they assert what ran, never how fast. Marked ``gpu``; each skips without
@@ -11,7 +11,7 @@ GPU decoders, FSDP2 and DeepSpeed at 2 GPUs, ddp_amp_syncbn at bf16, the energy 
 import pytest
 
 import backends
-from bench.commands import _gpu_plan
+from bench.plan import gpu_check as _gpu_plan
 from bench.rank.faults import BLOAT_BYTES
 
 pytestmark = [pytest.mark.gpu]

@@ -1,4 +1,4 @@
-"""2 ranks on CUDA, read from the GPU check's launch plan (bench/commands/_gpu_plan.py) where a run is needed. On a
+"""2 ranks on CUDA, read from the GPU check's launch plan (bench/plan/gpu_check.py) where a run is needed. On a
 machine with one GPU the backends that can share it (the DDP family: ddp, ddp_spawn, ddp_amp_syncbn, ddp_zero,
 allreduce_manual, each declaring --ranks-per-gpu) run 2 ranks on it over gloo, whose all-reduce, broadcast and
 all-gather take CUDA tensors; NCCL refuses two ranks on one device, so FSDP2, DeepSpeed, Horovod, DataParallel and
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import backends
-from bench.commands._gpu_plan import shares_a_gpu
+from bench.plan.gpu_check import shares_a_gpu
 from tests.conftest import skip_without, two_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

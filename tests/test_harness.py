@@ -5,7 +5,7 @@ per rank, the flag names. Every backend's own run, and every field of its record
 import pytest
 
 import backends
-from bench.commands._plan import world_sizes
+from bench.plan.sweep import world_sizes
 from tests.conftest import TINY, bench, bench_inproc, cli_error, records
 
 

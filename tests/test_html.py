@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.commands import report
+from bench.report import html
 from tests import chromium
 from tests.test_report import HVD, GiB, make, run_report, write
 from tests.test_trace import traced
@@ -130,7 +131,7 @@ def test_the_browser_check_fails_on_a_page_with_errors_or_external_loads(tmp_pat
     # under the report's policy the same image is refused, and the refusal is a console error
     csp = tmp_path / "csp.html"
     csp.write_text(Path(control).read_text().replace(
-        "<head>", f'<head><meta http-equiv="Content-Security-Policy" content="{report.html.CSP}">'))
+        "<head>", f'<head><meta http-equiv="Content-Security-Policy" content="{html.CSP}">'))
     got = browser.load(csp.as_uri())
     assert any("Content Security Policy" in e for e in got["errors"]), got["errors"]
     blank = tmp_path / "blank.html"

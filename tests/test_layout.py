@@ -1,17 +1,21 @@
-"""The layering (README: A code tour, in reading order), read from the code's own imports with ast, so it holds without anyone watching:
+"""The layering (README: A code tour, in reading order), read from the code's own imports with ast, so it holds without
+anyone watching:
 
-    bench/cli.py -> bench/commands -> bench/launch -> bench/rank -> backends -> bench/core
+    bench/cli.py -> bench/commands -> bench/plan -> bench/launch -> bench/rank -> backends -> bench/core
+                                   -> bench/report -> (backends, bench/core)
 
-Imports point down that list, never up; core imports nothing else of the project; launch never imports rank (they
-talk through the spec file and the markers in core); commands never import each other (what several share lives in
-the helper modules bench/commands/_*.py, which import no command); and no module imports itself back in a circle.
-Function-level imports count as much as module-level ones."""
+Imports point down, never up; core imports nothing else of the project; launch never imports rank (they talk through
+the spec file and the markers in core); the report reads records: it imports core and backends only, never what plans,
+launches or runs a rank, and nothing that plans or launches imports it; no module under bench/commands imports another
+(what several commands share lives in the rooms below); and no module imports itself back in a circle. Function-level
+imports count as much as module-level ones."""
 import ast
 from pathlib import Path
 
 from tests.conftest import REPO
 
-LAYERS = ("core", "backends", "rank", "launch", "commands", "cli")  # bottom to top
+LAYERS = ("core", "backends", "rank", "launch", "plan", "report", "commands", "cli")  # bottom to top
+REPORT_READS = ("core", "backends", "report")  # the report's own imports: records in, figures out
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -50,11 +54,9 @@ def layer(mod: str) -> str:
 
 
 def command(mod: str) -> str | None:
-    """The subcommand a module belongs to (report: its whole package), or None for a helper or the package."""
+    """The subcommand module a module is (bench.commands.run: "run"), or None (the package, or another layer)."""
     parts = mod.split(".")
-    if layer(mod) != "commands" or len(parts) < 3 or parts[2].startswith("_"):
-        return None
-    return parts[2]
+    return parts[2] if layer(mod) == "commands" and len(parts) > 2 else None
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -100,8 +102,12 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
                 out.append(f"core imports the project: {a} imports {b}")
             elif la == "launch" and lb == "rank":
                 out.append(f"launch imports rank: {a} imports {b} (they talk through the spec and core's markers)")
-            elif la == lb == "commands" and command(b) and command(b) != command(a):
-                out.append(f"commands import each other: {a} imports {b} (share through bench/commands/_*.py)")
+            elif la == "report" and lb not in REPORT_READS:
+                out.append(f"the report imports {lb}: {a} imports {b} (it reads records; it never plans, launches or "
+                           "runs a rank)")
+            elif la == lb == "commands" and command(a) and command(b) and command(b) != command(a):
+                out.append(f"commands import each other: {a} imports {b} (share through bench/plan, bench/report or "
+                           "bench/core)")
     return out
 
 
@@ -118,11 +124,12 @@ def test_the_check_finds_a_cycle_an_upward_import_and_commands_importing_each_ot
         "bench/rank/__init__.py": "", "bench/rank/train.py": "from bench.rank import record\n",
         "bench/rank/record.py": "def f():\n    from bench.rank.train import run\n",  # a cycle, inside a function
         "bench/launch/__init__.py": "import bench.rank.train\n",
-        "bench/commands/__init__.py": "", "bench/commands/_plan.py": "from bench.core import config\n",
-        "bench/commands/run.py": "from bench.commands import _plan, verify\n",
-        "bench/commands/verify.py": "from bench.commands._plan import plan\n",
-        "bench/commands/report/__init__.py": "from bench.commands.report import common\n",
-        "bench/commands/report/common.py": "from bench.core.config import RunConfig\n",
+        "bench/plan/__init__.py": "", "bench/plan/sweep.py": "from bench.report import verdict\n",  # the plan: report
+        "bench/report/__init__.py": "", "bench/report/verdict.py": "from bench.launch import run\n",  # report: launch
+        "bench/commands/__init__.py": "",
+        "bench/commands/run.py": "from bench.plan import sweep\nfrom bench.commands import verify\n",
+        "bench/commands/verify.py": "from bench.plan.sweep import plan\n",
+        "bench/commands/report.py": "from bench.report import verdict\n",
         "backends/__init__.py": "from bench.core import config\n",
     }
     for name, text in files.items():
@@ -131,8 +138,11 @@ def test_the_check_finds_a_cycle_an_upward_import_and_commands_importing_each_ot
     found = violations(imports(tmp_path))
     assert found == [
         "import cycle: bench.rank.record <-> bench.rank.train",
-        "commands import each other: bench.commands.run imports bench.commands.verify (share through "
-        "bench/commands/_*.py)",
+        "commands import each other: bench.commands.run imports bench.commands.verify (share through bench/plan, "
+        "bench/report or bench/core)",
         "upward import: bench.core.config (core) imports bench.rank.train (rank)",
         "launch imports rank: bench.launch imports bench.rank.train (they talk through the spec and core's markers)",
+        "upward import: bench.plan.sweep (plan) imports bench.report.verdict (report)",
+        "the report imports launch: bench.report.verdict imports bench.launch (it reads records; it never plans, "
+        "launches or runs a rank)",
     ]

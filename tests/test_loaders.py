@@ -298,7 +298,7 @@ def test_missing_dali_skips_the_run_with_the_fix(monkeypatch, tmp_path):
 
     import backends
     from bench import launch
-    from bench.commands._plan import loader_unavailable
+    from bench.plan.sweep import loader_unavailable
     from bench.core.config import RunConfig
 
     real = importlib.util.find_spec

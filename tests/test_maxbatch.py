@@ -1,11 +1,11 @@
 """bench run --find-max-batch: the bounded search for the largest per-device batch that fits
-(bench/commands/_maxbatch.py) against fake probes, its bad input, and one real search on CPU under a heap budget.
+(bench/plan/maxbatch.py) against fake probes, its bad input, and one real search on CPU under a heap budget.
 Out-of-memory errors of every kind are in tests/test_oom_kinds.py."""
 import json
 
 import pytest
 
-from bench.commands import _maxbatch as maxbatch
+from bench.plan import maxbatch
 from tests.conftest import TINY, bench_inproc, cli_error
 
 pytestmark = pytest.mark.mutation
@@ -83,7 +83,7 @@ def test_a_segfault_under_the_heap_budget_reads_as_out_of_memory_and_only_there(
     Without the budget a segfault is a crash like any other."""
     import signal
 
-    from bench.commands import _probe
+    from bench.plan import probe as _probe
     from bench.core.config import RunConfig
     from bench.launch import diagnose
 

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from bench.commands import _plan as cli
+from bench.plan import sweep as cli
 from bench.core.config import RunConfig
 from bench.rank import train
 from bench.rank.faults import BLOAT_BYTES

@@ -292,7 +292,7 @@ def test_evaluation_runs_one_untimed_eval_mode_forward_before_the_clock(monkeypa
 # -- DataParallel's memory imbalance comes from its cudnn.benchmark-off run ------------------------------
 
 def test_dp_memory_imbalance_is_reported_from_the_cudnn_off_run(tmp_path, capsys):
-    from bench.commands.report.summary import summarise, usable_records
+    from bench.report.summary import summarise, usable_records
     from tests.test_report import make, run_report, write
 
     raw = write(tmp_path, make("single", 1, 100.0),

@@ -193,7 +193,7 @@ def test_every_backend_has_its_own_colour_and_marker_and_no_two_points_share_a_p
     from matplotlib.colors import to_rgb
 
     import backends
-    from bench.commands.report import style
+    from bench.report import style
 
     names = backends.names()
     assert list(style.LOOK) == names and len(names) == 12  # every registered backend, in the registry's order

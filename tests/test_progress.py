@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from bench.commands._progress import Sweep, eta
+from bench.plan.progress import Sweep, eta
 
 
 class Terminal(io.StringIO):

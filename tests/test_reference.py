@@ -205,7 +205,7 @@ def backends_twin(cfg):
 
 
 def test_one_plain_twin_and_one_per_backend_loop_beside_the_world_size_1_runs():
-    from bench.commands import _reference
+    from bench.plan import reference as _reference
 
     configs = [cfg_of(backend=b, launcher="torchrun") if b != "single" else cfg_of() for b in
                ("single", "ddp", "ddp_spawn", "fsdp2", "dp")] + [cfg_of(backend="ddp", world_size=2)]
@@ -298,7 +298,8 @@ def test_the_slow_fault_burns_five_percent_more_cpu_time_inside_the_step():
 # -- the sweep: where the twins go, and what the records get -----------------------------------------------------------
 
 def test_one_twin_per_key_and_repetition_before_its_runs_then_after_them():
-    from bench.commands import _plan, _reference
+    from bench.plan import sweep as _plan
+    from bench.plan import reference as _reference
 
     configs = _plan.interleave([cfg_of(backend="single"), cfg_of(backend="dp"), cfg_of(backend="ddp", world_size=2),
                                 cfg_of(backend="single", precision="bf16")], 2)
@@ -314,7 +315,7 @@ def test_one_twin_per_key_and_repetition_before_its_runs_then_after_them():
 
 
 def test_attach_writes_each_records_reference_into_its_file(tmp_path):
-    from bench.commands import _reference
+    from bench.plan import reference as _reference
 
     one, two = record(repeat_index=1, cpu=(1.0,) * 4), record(repeat_index=2, cpu=(1.1,) * 4)
     wide = record(backend="ddp", world_size=2)
@@ -339,7 +340,8 @@ def test_attach_writes_each_records_reference_into_its_file(tmp_path):
 
 
 def test_the_report_gives_the_overhead_across_runs_and_the_verdict_says_when_it_is_over_one_percent(tmp_path):
-    from bench.commands import _reference, report
+    from bench.commands import report
+    from bench.plan import reference as _reference
 
     recs, twins = [], []
     for rep in (1, 2, 3):
@@ -370,7 +372,8 @@ def test_a_backends_gap_splits_into_the_librarys_price_and_the_harnesss_part(tmp
     """fsdp2 beside its own loop (bench/twins/fsdp2.py) and the plain loop: its harness windows 1.25 CPU-s, its loop's
     1.2, the plain loop's 1.0: the harness's part 1 - 1.2/1.25 = 4.0%, the library's price 1 - 1.0/1.2 = 16.7%; the
     console, the record, the report's table and the verdict give the same figures, in img/CPU-s."""
-    from bench.commands import _reference, report
+    from bench.commands import report
+    from bench.plan import reference as _reference
 
     loop = {"name": "fsdp2", "mp": "autocast", "reshard": "never"}
     recs, twins = [], []
@@ -515,7 +518,7 @@ def test_a_fifty_percent_delay_is_seen_and_single_reads_near_its_twin(sweep):
 
     A sweep that misses either is followed by another, at most two more; the test passes on the first sweep where both
     hold, and fails naming every sweep's pair."""
-    from bench.commands.report.summary import summarise, usable_records
+    from bench.report.summary import summarise, usable_records
 
     tmp, proc = sweep
     seen = []

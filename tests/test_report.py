@@ -377,8 +377,8 @@ def runs(backend, n, *thrs, **kw):
 def verdict_of(tmp_path, capsys, *recs, world_size):
     code, cap = run_report(write(tmp_path, *recs), tmp_path / "rep", capsys)
     assert code == 0, cap.err
-    from bench.commands.report import verdict
-    from bench.commands.report.summary import summarise, usable_records
+    from bench.report import verdict
+    from bench.report.summary import summarise, usable_records
 
     vs = verdict.verdicts(summarise(usable_records(tmp_path / "raw", print)).to_dict("records"))
     return next(v for v in vs if f", {world_size} GPU" in v["title"]), cap.out

@@ -10,7 +10,7 @@ import re
 import pytest
 
 import backends
-from bench.commands import _summary
+from bench.report import console as _summary
 from bench.core import results, traces
 from tests.conftest import TINY, bench_inproc, cli_error, records, skip_without
 
@@ -80,7 +80,7 @@ def test_the_libraries_own_ranges_are_summed_per_step_one_name_per_kind():
 
 
 def test_the_report_line_names_rank_0_s_largest_library_ranges():
-    from bench.commands.report.timeline import library_line
+    from bench.report.timeline import library_line
 
     trace = {"library_ms_per_step": [{"a": 1.0, "FSDP::post_backward_reduce": 7.35, "FSDP::pre_forward": 2.96,
                                       "Optimizer.step#SGD.step": 7.67}, {"other rank": 99.0}]}
@@ -249,7 +249,7 @@ def test_the_report_gives_each_traced_configuration_its_phase_table_timeline_and
 
 
 def test_no_traced_run_no_section_and_ranks_on_two_hosts_start_at_their_own_step(tmp_path):
-    from bench.commands.report import timeline
+    from bench.report import timeline
     from tests.test_report import make, run_report, write
 
     out = tmp_path / "rep"
@@ -363,7 +363,7 @@ def test_bench_trace_adds_hta_s_table_for_gpu_traces(tmp_path, capsys):
 
 
 def test_the_report_sets_the_trace_s_exposed_communication_beside_the_compute_only_reference(tmp_path):
-    from bench.commands.report import html
+    from bench.report import html
     from tests.test_report import make, run_report, write
 
     co = lambda thr: [64 * 2 * 10 / thr] * 3  # noqa: E731 - compute-only windows at a given global img/s, 2 ranks

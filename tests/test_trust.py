@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from bench.commands import _summary, compare, report
+from bench.commands import compare, report
+from bench.report import console as _summary
 from bench.core import results, trust
 from bench.launch import machine
 from tests.conftest import TINY, bench_inproc, records
@@ -55,8 +56,8 @@ def render(tmp_path, recs, name="rep"):
 
 
 def verdict_at(tmp_path, world_size, name="rep"):
-    from bench.commands.report import verdict
-    from bench.commands.report.summary import summarise, usable_records
+    from bench.report import verdict
+    from bench.report.summary import summarise, usable_records
 
     rows = summarise(usable_records(tmp_path / name / "raw", print)).to_dict("records")
     return next(v for v in verdict.verdicts(rows) if f", {world_size} GPU" in v["title"])

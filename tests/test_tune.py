@@ -11,7 +11,7 @@ import pytest
 
 import backends
 from bench.commands import tune
-from bench.commands._plan import parse_run, plan
+from bench.plan.sweep import parse_run, plan
 from bench.core import results
 from bench.core.tune import describe
 from tests.conftest import bench_inproc, cli_error
@@ -100,7 +100,7 @@ def test_a_disturbed_trial_decides_nothing_and_the_console_gives_the_unit():
 
 def test_it_tunes_at_the_world_sizes_and_thread_shares_the_sweep_would_run(monkeypatch):
     """Issue 47: bench tune tuned ddp at world size 1 where `make bench` runs it at 2 on the CPU."""
-    from bench.commands import _plan
+    from bench.plan import sweep as _plan
 
     monkeypatch.setattr(_plan, "detect_device", lambda requested: ("cpu", 4))
     sweep, _ = plan(parse_run(["--backends", "single,dp,ddp", "--device", "cpu"]))
@@ -205,7 +205,7 @@ def test_the_report_compares_the_backends_at_their_best_and_at_the_defaults(tmp_
             "defaults ddp was, 104.0 img/s.**") in md
     tied = summary_doc()
     tied["backends"][0]["best"]["median"], tied["backends"][0]["best"]["ci95"] = 149.5, [148.5, 150.5]
-    from bench.commands.report import tune as report_tune
+    from bench.report import tune as report_tune
 
     [v] = report_tune.verdicts({**tied, "_path": "x"})
     assert v["headline"].startswith("At their best (bench tune): ddp is fastest, 150.0 img/s with batch 16, "
@@ -255,7 +255,7 @@ def test_it_stays_in_its_budget_tunes_the_sweep_s_world_sizes_writes_sweep_recor
         tmp_path, monkeypatch, capsys):
     """Issue 47: with --budget-s 120 bench tune took 131 s (ddp 74.6 s of a 67 s share), tuned ddp at world size 1,
     wrote records without machine or disturbed fields, and bench report could not read its results alone."""
-    from bench.commands import _plan
+    from bench.plan import sweep as _plan
     from bench.core import trust
 
     monkeypatch.setattr(_plan, "detect_device", lambda requested: ("cpu", 2))

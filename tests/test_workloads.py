@@ -250,8 +250,8 @@ def test_one_workload_descriptor_says_kind_unit_shape_and_default_optimizer():
     user = workloads.of_record({"model": "tests.user_model:factory", "optimizer": "sgd"})
     assert (user.kind, user.unit, user.shape, user.optimizer) == ("custom", "sample", "", "sgd")
     assert workloads.of("vit_b_16", 224).default_optimizer == "sgd" and cfg_for().workload.kind == "language"
-    from bench.commands.report import common
-    from bench.commands.report.inputbound import SAME
+    from bench.report import common
+    from bench.report.inputbound import SAME
 
     for keys in (results.CONFIG_KEYS, common.BASELINE_MATCH, common.WORKLOAD, common.CSV_FIRST, SAME):
         assert set(workloads.FIELDS) <= set(keys), keys
@@ -305,7 +305,8 @@ def test_a_user_model_with_its_own_loss_trains_verifies_and_evaluates(tmp_path):
 
 
 def test_the_model_search_walks_the_ladder_up_to_the_first_size_that_does_not_fit():
-    from bench.commands import _maxmodel
+    from bench.core import searches
+    from bench.plan import maxmodel as _maxmodel
 
     cfg = cfg_for(seq_len=16)
     answers = {"gpt-micro": "ok", "gpt-tiny": "ok", "gpt-small": "out of memory: batch 2 ...", "gpt-medium": "ok"}
@@ -322,14 +323,14 @@ def test_the_model_search_walks_the_ladder_up_to_the_first_size_that_does_not_fi
     assert (row["max_model"], row["capped"], row["error"]) == ("gpt-tiny", False, None)
     assert row["max_parameters"] == workloads.gpt_parameters("gpt-tiny", 16)
     assert [p["result"] for p in row["probes"]] == ["fits", "fits", "out of memory"]
-    assert _maxmodel.describe(row) == "gpt-tiny (5.3 M parameters)"
+    assert searches.max_model(row) == "gpt-tiny (5.3 M parameters)"
     answers["gpt-micro"] = "rank 0 exited with code 1"
     row = _maxmodel.search(cfg, ["gpt-micro", "gpt-tiny"], probe)
     assert (row["max_model"], row["error"]) == (None, "rank 0 exited with code 1")
-    assert _maxmodel.describe(row) == "error: rank 0 exited with code 1"
+    assert searches.max_model(row) == "error: rank 0 exited with code 1"
     answers["gpt-micro"] = "ok"
     row = _maxmodel.search(cfg, ["gpt-micro", "gpt-tiny"], probe)
-    assert row["capped"] and _maxmodel.describe(row).endswith("the ladder's largest: nothing ran out of memory")
+    assert row["capped"] and searches.max_model(row).endswith("the ladder's largest: nothing ran out of memory")
 
 
 def test_a_rung_the_host_cannot_even_build_is_not_launched(monkeypatch):
@@ -338,7 +339,8 @@ def test_a_rung_the_host_cannot_even_build_is_not_launched(monkeypatch):
     FSDP2's probes build only their shard (meta_init) and need a world size's share of it."""
     import psutil
 
-    from bench.commands import _maxmodel
+    from bench.core import searches
+    from bench.plan import maxmodel as _maxmodel
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("vm", (), {"available": 60 * 2 ** 30})())
     ddp = cfg_for("gpt-1.3b", backend="ddp", launcher="torchrun", world_size=8, seq_len=1024)
@@ -357,7 +359,7 @@ def test_a_rung_the_host_cannot_even_build_is_not_launched(monkeypatch):
     assert (row["max_model"], row["capped"], row["error"]) == ("gpt-1.3b", False, None)
     assert row["host_limit"] == ("host memory: building gpt-2.7b takes ~98.7 GiB here (8 rank(s) x the fp32 model), "
                                  "60.0 GiB available; not launched")
-    assert _maxmodel.describe(row) == f"gpt-1.3b ({row['max_parameters'] / 1e6:,.1f} M parameters); the next size " \
+    assert searches.max_model(row) == f"gpt-1.3b ({row['max_parameters'] / 1e6:,.1f} M parameters); the next size " \
                                       + row["host_limit"]
     asked.clear()
     row = _maxmodel.search(fsdp2, ["gpt-1.3b", "gpt-2.7b", "gpt-6.7b"], probe)
@@ -439,7 +441,7 @@ def test_a_gpt_on_a_gpu_has_its_memory_broken_down_with_activations(gpu_plan):
 
 
 def test_the_report_reads_the_newest_readable_model_search_and_says_which_it_skipped(tmp_path):
-    from bench.commands.report import maxmodel
+    from bench.report import maxmodel
 
     folder = tmp_path / "maxmodel"
     folder.mkdir()
@@ -493,7 +495,7 @@ def test_cnn_tiny_is_planned_and_built_without_torchvision():
     """Importing torchvision imports torch._dynamo (1.5 s of CPU): the planner's model checks, the rank's model
     build and the numerics probe's search for residual blocks import it for a torchvision model only, so a cnn-tiny
     run (the tests' TINY) and its harness start without."""
-    code = ("import sys; from bench.commands._plan import check_image_size, check_model; from backends import models; "
+    code = ("import sys; from bench.plan.sweep import check_image_size, check_model; from backends import models; "
             "check_model('cnn-tiny'); check_image_size('cnn-tiny', 32); "
             "model = models.workload('cnn-tiny', 32, None, False).build(); "
             "assert models.find_blocks(model) == list(model.blocks); "  # the numerics probe asks it in every rank

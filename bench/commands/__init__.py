@@ -1,6 +1,7 @@
-"""One module per subcommand: it registers its parser, plans the work, launches it (bench/launch) or reads records.
-Commands never import each other; what several share lives in the helper modules here (``_plan``, ``_nodes``,
-``_comm``, ``_maxbatch``, ``_progress``, ``_summary``) or in bench/core."""
+"""One module per subcommand: it registers its parser and calls the rooms below it: the planning room (bench/plan:
+what runs, in which order, at what cost; it launches through bench/launch) and the reporting room (bench/report:
+records in, figures out). Commands never import each other; what several share lives in those rooms or in
+bench/core."""
 
 # The subcommands, in the order ``python -m bench --help`` lists them.
 COMMANDS = ("run", "list", "report", "compare", "baseline", "verify", "collectives", "predict", "nodelist", "loader",

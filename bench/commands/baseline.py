@@ -102,9 +102,9 @@ def machine_hardware() -> tuple[str, str, int]:
 
 def machine_name(gpus: str | None = None, max_gpus: str | None = None) -> str:
     """The default baseline name for this machine and the sweep ``bench run --gpus/--max-gpus`` would run here
-    (the same rule: bench/commands/_plan.py, world_sizes), so it matches what ``bench baseline save`` names that
+    (the same rule: bench/plan/sweep.py, world_sizes), so it matches what ``bench baseline save`` names that
     sweep's records."""
-    from bench.commands._plan import world_sizes
+    from bench.plan.sweep import world_sizes
 
     hardware, device_type, present = machine_hardware()
     top = max(world_sizes(gpus, max_gpus, device_type, present))

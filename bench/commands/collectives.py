@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands._plan import check_writable, world_sizes
+from bench.plan.sweep import check_writable, world_sizes
 from bench.core.devices import detect_device
 from bench.core.errors import UsageError
 from bench.core.text import human

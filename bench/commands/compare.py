@@ -42,7 +42,7 @@ for a quiet machine). Memory, failed runs and diverged replicas are judged as al
 change them. Unstable repeats and slow first windows are listed as warnings and change nothing.
 
 Time to accuracy (``bench run --to-accuracy``, records in ``RESULTS/accuracy``). Its records are grouped by
-configuration, target and schedule (``_accuracy.settings_key``), and judged on two things apart: convergence, the
+configuration, target and schedule (``accuracy_records.settings_key``), and judged on two things apart: convergence, the
 median epochs to the target over the runs (a run that never reached it counts as infinitely many): more than the
 baseline's is ``more epochs to accuracy``, a regression in convergence with its own summary line, whatever the
 speed; and speed, the runs' training throughput (samples/s of training, evaluation excluded), judged exactly as
@@ -63,9 +63,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.commands._compare_md import hw_text as _hw_text
-from bench.commands._compare_md import pct as _pct
-from bench.commands._compare_md import render_json, render_md
+from bench.report.compare import hw_text as _hw_text
+from bench.report.compare import pct as _pct
+from bench.report.compare import render_json, render_md
 from bench.core import workloads
 from bench.core.errors import UsageError, warn
 from bench.core.stats import TESTS
@@ -258,7 +258,7 @@ def compare(base: dict, cur: dict, threshold: float, alpha: float, test: str = "
     for msg in env_warnings:
         warn(msg)
 
-    from bench.commands._accuracy import is_accuracy
+    from bench.core.accuracy_records import is_accuracy
 
     rows = []
     # timed runs by configuration; bench run --to-accuracy's by configuration, target and schedule
@@ -382,7 +382,7 @@ def _row(recs, status) -> dict:
 
 
 def _one_sided(recs, status, why, side) -> dict:
-    from bench.commands._accuracy import is_accuracy
+    from bench.core.accuracy_records import is_accuracy
 
     row = _row(recs, status)
     if is_accuracy(recs[0]):
@@ -496,9 +496,9 @@ MORE_EPOCHS, FEWER_EPOCHS = "more epochs to accuracy", "fewer epochs to accuracy
 
 
 def _accuracy_key(rec: dict, ignore_hardware: bool) -> tuple:
-    from bench.commands import _accuracy
+    from bench.core import accuracy_records
 
-    return _match_key(rec, ignore_hardware) + _accuracy.settings_key(rec)
+    return _match_key(rec, ignore_hardware) + accuracy_records.settings_key(rec)
 
 
 def _accuracy_label(rec: dict) -> str:
@@ -511,10 +511,10 @@ def _accuracy_side(recs: list[dict]) -> dict:
     the target) and its training throughput by run (samples/s of training, evaluation excluded: the speed part)."""
     import statistics
 
-    from bench.commands import _accuracy
+    from bench.core import accuracy_records
 
     thr = [r["train_throughput"] for r in recs if r.get("train_throughput")]
-    epochs = [_accuracy.reached_epochs(r) for r in recs]
+    epochs = [accuracy_records.reached_epochs(r) for r in recs]
     times = [r["time_to_accuracy_seconds"] for r in recs if r.get("reached")]
     return {"runs": len(recs), "reached": sum(bool(r.get("reached")) for r in recs),
             "epochs_to_accuracy": statistics.median(epochs), "run_epochs": epochs,

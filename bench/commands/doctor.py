@@ -1,6 +1,6 @@
 """``python -m bench doctor`` (``make gpu-check``): prove a GPU machine in one command.
 
-1. **The launch plan** (bench/commands/_gpu_plan.py): every backend at bf16 and fp16, fp32 through ``bench verify``,
+1. **The launch plan** (bench/plan/gpu_check.py): every backend at bf16 and fp16, fp32 through ``bench verify``,
    2 ranks, and the single-purpose runs, several launches at once on their share of the cores. Its launch count and
    estimated time are printed first.
 2. **The gpu tests** (``pytest -m gpu``, from the repository root, ``BENCH_GPU_PLAN_DIR`` set to the plan's folder):
@@ -28,7 +28,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from bench.commands import _gpu_plan as gpu_plan
+from bench.plan import gpu_check as gpu_plan
 from bench.core import environment
 from bench.core.results import REPO_ROOT
 
@@ -99,8 +99,8 @@ def run_argv(precision: str, gpus: int, backends: str, results: Path) -> list[st
 def plan(gpus: int, backends: str, results: Path, precisions: tuple[str, ...] = TIERS["full"]["precisions"]) -> list:
     """The measured sweep: every backend x ``precisions`` at world size ``gpus``, precision by precision, through bench
     run's own argument parser and planner (so the configurations are exactly what ``bench run`` would run)."""
-    from bench.commands._plan import parse_backends, parse_run
-    from bench.commands._plan import plan as plan_run
+    from bench.plan.sweep import parse_backends, parse_run
+    from bench.plan.sweep import plan as plan_run
 
     names = parse_backends(backends)
     configs = []
@@ -552,7 +552,7 @@ def baseline_name(gpus: int) -> str:
 def cmd_doctor(args) -> int:
     import backends
     from bench import launch
-    from bench.commands._plan import check_writable, parse_backends
+    from bench.plan.sweep import check_writable, parse_backends
     from bench.core import nvml
     from bench.core.errors import UsageError
 

@@ -3,7 +3,7 @@ and how to fix it)."""
 from __future__ import annotations
 
 import backends
-from bench.commands._plan import backend_options, parse_run
+from bench.plan.sweep import backend_options, parse_run
 from bench.core.config import DEFAULTS, RunConfig
 from bench.core.devices import detect_device
 

@@ -49,7 +49,7 @@ def choices(text: str, valid: tuple, what: str) -> list[str]:
 def cmd_loader(args) -> int:
     import torch.multiprocessing as mp
 
-    from bench.commands._plan import check_writable
+    from bench.plan.sweep import check_writable
     from bench.core import results
     from bench.core.config import DEFAULTS
     from bench.core.devices import detect_device

@@ -32,7 +32,7 @@ def plan(args):
     """The backends to time (``single`` always, as the reference) and the rank's configuration."""
     import backends
     from backends.models.overhead import MODEL
-    from bench.commands._plan import parse_backends
+    from bench.plan.sweep import parse_backends
     from bench.core.config import RunConfig
 
     for name in ("steps", "rounds"):
@@ -49,7 +49,7 @@ def plan(args):
 def cmd_overhead(args) -> int:
     import backends
     from bench import launch
-    from bench.commands._plan import check_writable
+    from bench.plan.sweep import check_writable
 
     names, cfg = plan(args)
     out = Path(args.results) / "overhead"

@@ -46,7 +46,7 @@ def modes(device_type: str, precisions: str | None) -> list[list]:
 def cmd_peak(args) -> int:
     import backends
     from bench import launch
-    from bench.commands._plan import check_writable, world_sizes
+    from bench.plan.sweep import check_writable, world_sizes
     from bench.core import environment, results
     from bench.core.config import RunConfig
     from bench.core.devices import detect_device, usable_cpus

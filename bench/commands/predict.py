@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands._comm import inputs, rows, withheld
+from bench.report.scaling import inputs, rows, withheld
 from bench.core import workloads
 from bench.core.errors import UsageError, warn
 

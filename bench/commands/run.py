@@ -1,6 +1,6 @@
 """``python -m bench run``: plan backends x world sizes, then run each configuration as its own process tree
 (bench/launch), one record per run; ``--find-max-batch`` searches each one's largest batch instead,
-``--to-accuracy A`` trains each one to a held-out accuracy (_accuracy.py), and ``--external`` runs this process as one
+``--to-accuracy A`` trains each one to a held-out accuracy (bench/plan/accuracy.py), and ``--external`` runs this process as one
 rank of a run another engine started."""
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import backends
-from bench.commands import _accuracy, _nodes
-from bench.commands._measure import run_watched
-from bench.commands import _reference as reference
-from bench.commands._plan import (add_run_arguments, check_something_runs, check_writable, interleave, loader_unavailable,
+from bench.plan import accuracy as _accuracy
+from bench.plan import nodes as _nodes
+from bench.plan.measure import run_watched
+from bench.plan import reference
+from bench.plan.sweep import (add_run_arguments, check_something_runs, check_writable, interleave, loader_unavailable,
                                   plan, skip_reason)
 from bench.core import environment, peak, results, traces, workloads
 from bench.core.devices import detect_device, usable_cpus
@@ -43,8 +44,8 @@ def register(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from bench.commands import _progress as progress
-    from bench.commands import _summary as summary
+    from bench.plan import progress
+    from bench.report import console as summary
     from bench.launch import machine
 
     wait_quiet = getattr(args, "wait_quiet", None)
@@ -72,7 +73,7 @@ def cmd_run(args) -> int:
         if why:
             raise UsageError(f"--reference compares timed runs with their plain twins; {why}")
     if args.find_max_model:
-        from bench.commands import _maxmodel
+        from bench.plan import maxmodel as _maxmodel
 
         if args.model:
             raise UsageError(f"--find-max-model walks the GPT ladder: give the sizes with --ladder, not --model "
@@ -184,7 +185,7 @@ def run_twin(cfg, results_dir, env_meta, bar, rep: str) -> dict:
 
 
 def find_max_batch(args, configs, notes) -> int:
-    from bench.commands import _maxbatch as maxbatch
+    from bench.plan import maxbatch
 
     device = configs[0].device_type
     cap = args.max_batch if args.max_batch is not None else (4096 if device == "cuda" else 256)
@@ -196,7 +197,7 @@ def find_max_batch(args, configs, notes) -> int:
 
 
 def find_max_model(args, configs, notes, sizes) -> int:
-    from bench.commands import _maxmodel
+    from bench.plan import maxmodel as _maxmodel
 
     configs, results_dir, env_meta = _search_setup(args, configs, notes)
     rows = _maxmodel.run(configs, sizes, results_dir, env_meta, args.memory_limit_gib,

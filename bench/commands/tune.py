@@ -13,7 +13,7 @@ It follows the suite's rules:
   backend at the largest world size the sweep runs it at (on CPU ``single`` at 1, the others at the sweep's top), with
   the sweep's share of the cores; ``--gpus 1,2`` tunes at each size listed.
 - **The same records.** Each candidate is one ``bench run`` of that configuration (its own process tree, the machine
-  watched around it: bench/commands/_measure.py), so its record in RESULTS/tune/raw carries ``machine``,
+  watched around it: bench/plan/measure.py), so its record in RESULTS/tune/raw carries ``machine``,
   ``disturbed`` and ``disturbed_reasons`` like a sweep's. A candidate replaces the incumbent only when its 95% interval
   lies above the incumbent's and neither run was disturbed, so neither noise nor a busy machine picks a "best".
 - **The budget.** A trial is started only when it can finish in what is left of its backend's share (an even share of
@@ -48,7 +48,7 @@ NOT_WITH_TUNE = ("find_max_batch", "find_max_model", "reference", "resume", "tra
 
 
 def register(sub) -> None:
-    from bench.commands._plan import add_run_arguments
+    from bench.plan.sweep import add_run_arguments
 
     t = sub.add_parser("tune", help="each backend's fastest configuration within a time budget (batch, channels_last, "
                                     "--compile, cuDNN benchmark, its own knobs), as a reusable bench run command")
@@ -165,7 +165,7 @@ def line(t: dict, unit: str = "/s") -> str:
 def argv_of(args: argparse.Namespace, drop: tuple = ()) -> list[str]:
     """``bench run``'s command line for the flags ``args`` sets away from their defaults (the ones in ``drop`` left
     out): what every candidate shares."""
-    from bench.commands._plan import add_run_arguments
+    from bench.plan.sweep import add_run_arguments
 
     p = argparse.ArgumentParser(add_help=False)
     add_run_arguments(p)
@@ -221,8 +221,8 @@ def cmd_tune(args) -> int:
 
     import backends
     from bench import launch
-    from bench.commands._measure import run_watched
-    from bench.commands._plan import check_writable, parse_run, plan, skip_reason
+    from bench.plan.measure import run_watched
+    from bench.plan.sweep import check_writable, parse_run, plan, skip_reason
     from bench.core import environment, peak, results, tune, workloads
 
     start = time.monotonic()

@@ -35,7 +35,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench.commands._verify_plan import Entry, add_verify_arguments, config, plan, skipped_here
+from bench.plan.verify import Entry, add_verify_arguments, config, plan, skipped_here
 from bench.core import environment, workloads
 from bench.core.devices import usable_cpus
 from bench.core.errors import UsageError
@@ -62,7 +62,7 @@ def register(sub) -> None:
 def cmd_verify(args) -> int:
     import backends
     from bench import launch
-    from bench.commands._plan import backend_options, check_writable, parse_run
+    from bench.plan.sweep import backend_options, check_writable, parse_run
     from bench.core import results
 
     base, entries = plan(args)

@@ -174,7 +174,7 @@ def _data(cfg, backend, a: dict):
     channels_last = bool((cfg.options or {}).get("channels_last"))
     if cfg.data == "learnable":
         workload = models.for_config(cfg)
-        assert isinstance(workload, models.VisionWorkload), "--to-accuracy refuses other models (commands/_accuracy.py)"
+        assert isinstance(workload, models.VisionWorkload), "--to-accuracy refuses other models (bench/plan/accuracy.py)"
         task = learnable.Task(cfg.image_size, min(learnable.CLASSES, workload.classes))
         x, y = task.train_set(a["train_samples"])
         xe, ye = task.held_out(cfg.eval_samples)

@@ -11,7 +11,7 @@ from tests.conftest import TINY, cli_error, records
 def test_fp16_on_cpu_is_skipped_not_faked(results_dir, capsys):
     """Skipped with the reason (the planned run's ``unavailable``); a plan of nothing else is refused before launch
     with that reason (exit 2, issue 47: a sweep that measured nothing once exited 0), and no record is written."""
-    from bench.commands._plan import parse_run, plan, skip_reason
+    from bench.plan.sweep import parse_run, plan, skip_reason
 
     [cfg], _ = plan(parse_run(["--backends", "single", "--gpus", "1", *TINY, "--precision", "fp16"]))
     assert skip_reason(cfg) == "fp16 training needs CUDA (fp16 kernels and GradScaler); use --precision bf16 on CPU"

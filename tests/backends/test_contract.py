@@ -23,8 +23,8 @@ import pytest
 import backends
 from backends.base import CHANNELS_LAST
 from backends.models.flops import flops_per_sample, parameter_count
-from bench.commands import _plan
-from bench.commands._plan import parse_run, plan
+from bench.plan import sweep as _plan
+from bench.plan.sweep import parse_run, plan
 from bench.core import results, traces
 from bench.core.errors import UsageError
 from bench.rank import startup, train

@@ -8,7 +8,7 @@ from tests.conftest import TINY, cli_error, records
 
 
 def test_syncbn_backend_is_skipped_on_cpu_with_the_reason(results_dir, capsys):
-    from bench.commands._plan import parse_run, plan, skip_reason
+    from bench.plan.sweep import parse_run, plan, skip_reason
 
     [cfg], _ = plan(parse_run(["--backends", "ddp_amp_syncbn", "--gpus", "1", *TINY]))
     assert skip_reason(cfg) == SYNCBN_CPU

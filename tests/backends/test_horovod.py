@@ -16,7 +16,7 @@ def test_missing_horovod_is_a_clean_skip_reason(monkeypatch):
 
 def test_horovod_compression_defaults_to_none_and_is_always_recorded():
     """Like-for-like with fp32 DDP unless asked; the record's options say which (the run below asks for fp16)."""
-    from bench.commands._plan import parse_run, plan
+    from bench.plan.sweep import parse_run, plan
 
     [cfg], _ = plan(parse_run(["--backends", "horovod", "--gpus", "2", "--device", "cpu"]))
     assert cfg.options == {"compression": "none"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report import common
-from bench.commands.report.common import fmt, md_table
+from bench.report import common
+from bench.report.common import fmt, md_table
 from bench.core import workloads
 
 EXPLAIN = ("Each backend trained {steps} steps of {model} at {image_size} px, batch {batch_size}/device, from one "

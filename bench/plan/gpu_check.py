@@ -225,16 +225,16 @@ def skip_reason(argv: list[str]) -> str | None:
     doctor got."""
     if not argv or argv[0] not in ("run", "verify"):
         return None
-    from bench.commands import _plan, _verify_plan
+    from bench.plan import sweep, verify
 
     saved = dict(os.environ)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             if argv[0] == "run":
-                why = _plan.skipped_here(_plan.plan(_plan.parse_run(list(argv[1:]), known=True))[0])
+                why = sweep.skipped_here(sweep.plan(sweep.parse_run(list(argv[1:]), known=True))[0])
             else:
-                entries = _verify_plan.plan(_verify_plan.parse_verify(list(argv[1:]), known=True))[1]
-                why = _verify_plan.skipped_here(entries)
+                entries = verify.plan(verify.parse_verify(list(argv[1:]), known=True))[1]
+                why = verify.skipped_here(entries)
     except (Exception, SystemExit):  # noqa: BLE001 - a question this machine cannot answer: the launch answers it
         return None
     finally:

@@ -1,6 +1,9 @@
-"""``python -m bench report``: REPORT.md, REPORT.html (self-contained, the verdict at the top), summary.csv and
-plots from the raw records; the console gets the throughput tables, the paths and the verdict's first screen, last
-(report/verdict.py ``first_screen``: a line per comparison, then a line per kind of warning).
+"""The reporting room: records in, figures out; it reads records and never imports what plans, launches or runs a
+rank. ``write`` (``python -m bench report``) makes REPORT.md, REPORT.html (self-contained, the verdict at the top),
+summary.csv and plots from the raw records; the console gets the throughput tables, the paths and the verdict's first
+screen, last (verdict.py ``first_screen``: a line per comparison, then a line per kind of warning). Beside it:
+console.py (one line per record and the sweep's table, for ``bench run``), scaling.py (the DDP scaling model ``bench
+predict`` prints and the report's prediction shows) and compare.py (``bench compare``'s tables).
 
 Runs of one configuration (``results.config_key``) are summarised with the run as the unit
 (``stats.summarise_runs``): the median of the run medians, a hierarchical bootstrap interval (runs, then
@@ -13,33 +16,27 @@ column there, because AMP against fp32 is one of the comparisons the suite exist
 Scaling efficiency is computed here, never stored: thr(backend, N) / (N x thr(single, 1)) with the
 baseline matched on ``BASELINE_MATCH``. Backend options (Horovod compression) are the backend's own knobs
 and are not matched against ``single``; the own-world-size-1 baseline matches everything but N. The cuDNN
-knob is matched where such a baseline exists, else the baseline with the default (on) is used.
+knob is matched: a variant with cudnn.benchmark off divides by baselines measured off (on and not given are one).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from bench.commands.report.common import CSV_FIRST, write_atomic
 from bench.core.errors import EXIT_BAD_INPUT, EXIT_OK
+from bench.report.common import CSV_FIRST, write_atomic
 
 
-def register(sub) -> None:
-    p = sub.add_parser("report", help="tables (REPORT.md, REPORT.html, summary.csv), plots and the "
-                                                 "verdict from the records")
-    p.add_argument("--results", default="results/raw", help="directory of JSON records (default results/raw)")
-    p.add_argument("--out", default="results/report", help="output directory (default results/report)")
-    p.set_defaults(func=cmd_report)
-
-
-def cmd_report(args) -> int:
-    from bench.commands.report import html
-    from bench.commands.report.markdown import render
-    from bench.commands.report.summary import summarise, usable_records
-    from bench.commands.report.verdict import console_lines
+def write(src: Path, out: Path) -> int:
+    """Read the records in ``src``, write REPORT.md, REPORT.html, summary.csv and the plots to ``out`` and print the
+    console's tables and the verdict's first screen; the exit code (docs/command-line.md, Exit codes)."""
     from bench.core.results import SCHEMA
+    from bench.report import html
+    from bench.report.markdown import render
+    from bench.report.summary import summarise, usable_records
+    from bench.report.verdict import console_lines
 
-    src, out = Path(args.results), Path(args.out)
+    src, out = Path(src), Path(out)
     if not src.is_dir():
         what = "is a file, not a directory" if src.exists() else "does not exist"
         print(f"bench: error: --results {str(src)!r} {what}", file=sys.stderr)
@@ -55,7 +52,7 @@ def cmd_report(args) -> int:
 
     recs = usable_records(src, warn)
     if not recs:
-        from bench.commands.report import accuracy, tune
+        from bench.report import accuracy, tune
 
         if accuracy.records(src, lambda m: None):  # bench run --to-accuracy's records alone: their section
             return accuracy.report_alone(src, out, warn)

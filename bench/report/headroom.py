@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.commands.report.common import label, latest_summary, md_table
+from bench.report.common import label, latest_summary, md_table
 
 
 def latest(src: Path, warn) -> dict | None:
@@ -14,7 +14,7 @@ def latest(src: Path, warn) -> dict | None:
 
 
 def section(src: Path, summary_rows: list[dict], warn) -> list[str]:
-    from bench.commands._maxbatch import describe
+    from bench.core.searches import max_batch as describe
 
     doc = latest(src, warn)
     if doc is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import GiB, label, latest_summary, md_table, save_figure, slug
+from bench.report.common import GiB, label, latest_summary, md_table, save_figure, slug
 
 PARTS = (("parameters", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer_state", "#2ca02c"),
          ("activations", "#9467bd"))
@@ -23,7 +23,7 @@ def breakdown(probe: dict) -> dict | None:
 
 
 def section(src: Path, out: Path, warn) -> list[str]:
-    from bench.commands._maxmodel import describe
+    from bench.core.searches import max_model as describe
 
     doc = latest(src, warn)
     if doc is None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import BASELINE, BASELINE_MATCH, KNOB, OWN_MATCH, SECTION, WORKLOAD, GiB
+from bench.report.common import BASELINE, BASELINE_MATCH, KNOB, OWN_MATCH, SECTION, WORKLOAD, GiB
 
 
 def usable_records(src: Path, warn) -> list[dict]:
@@ -47,7 +47,7 @@ def summarise(recs: list[dict]):
     """One row per configuration: run-level throughput, memory, counts, then efficiency and the best mark."""
     import pandas as pd
 
-    from bench.commands.report import reference
+    from bench.report import reference
     from bench.core import results, stats
 
     df = pd.DataFrame([{**r["_key"], "_rec": r} for r in recs])
@@ -82,7 +82,7 @@ def summarise(recs: list[dict]):
         row.update(reference.config_fields(ok))  # the plain twin, --compile's figures, the attention kernel
         rows.append(row)
     dp_imbalance_from_cudnn_off(rows)
-    from bench.commands.report import caution
+    from bench.report import caution
 
     return caution.attach(nones(add_efficiency(nones(pd.DataFrame(rows)))))
 
@@ -185,7 +185,7 @@ def add_efficiency(s):
     def base_of(r, table, keys):
         # the same cuDNN setting (on and not given are one: on is CUDA's default); a variant with a setting of its own
         # (DataParallel's cudnn.benchmark off) has no efficiency without a baseline of that setting (the planner plans
-        # one: bench/commands/_plan.py)
+        # one: bench/plan/sweep.py)
         for knob in dict.fromkeys((r[KNOB], True, None) if r[KNOB] in (True, None) else (r[KNOB],)):
             if (key(r, keys), knob) in table:
                 return table[(key(r, keys), knob)]

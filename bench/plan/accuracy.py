@@ -1,8 +1,8 @@
 """``bench run --to-accuracy A``: train every planned configuration until its held-out top-1 reaches A or
 ``--max-epochs``, under a learning-rate schedule scaled to its global batch, each run its own process tree (the rank
-task ``accuracy``: bench/rank/accuracy.py); records in ``RESULTS/accuracy/``. A helper of ``bench run`` (which
-dispatches here, as it does to _maxbatch.py and _maxmodel.py); the report's *Time to accuracy* section and ``bench
-compare`` read the records (``records``, ``settings_key`` and ``reached_epochs`` below).
+task ``accuracy``: bench/rank/accuracy.py); records in ``RESULTS/accuracy/``. Planned for ``bench run`` (which
+dispatches here, as it does to maxbatch.py and maxmodel.py beside this file); the report's *Time to accuracy* section
+and ``bench compare`` read the records through bench/core/accuracy_records.py.
 
 The schedule's flags (``--base-lr`` at ``--base-batch``, ``--lr-scaling``, ``--warmup-epochs``, ``--lr-decay``,
 ``--momentum``, ``--weight-decay``) travel to the ranks in the spec and come back in the record. ``--lr-scaling`` takes
@@ -19,10 +19,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from bench.core.accuracy_records import KIND, rules_label, rules_of
 from bench.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from bench.core.schedule import DECAYS, RULES, scaled_lr
 
-KIND = "accuracy"  # RESULTS/accuracy/, and the records' ``task``
 DEFAULTS = {"max_epochs": 20, "eval_every": 1, "lr_scaling": "linear", "warmup_epochs": 0.0, "lr_decay": "cosine"}
 LEARNABLE_MODEL, LEARNABLE_IMAGE_SIZE = "cnn-tiny", 16  # --data learnable without --model / --image-size
 # the flags that mean something only with --to-accuracy (argparse dest names)
@@ -140,15 +140,11 @@ def rule_groups(settings: dict, global_batch: int) -> list[list[str]]:
     return list(groups.values())
 
 
-def rules_label(rules: list[str]) -> str:
-    return " = ".join(rules)
-
-
 def run(args, configs, notes) -> int:
     import backends
     from bench import launch
-    from bench.commands import _progress as progress
-    from bench.commands._plan import check_writable, interleave, loader_unavailable
+    from bench.plan import progress
+    from bench.plan.sweep import check_writable, interleave, loader_unavailable
     from bench.core import environment
     from bench.launch import machine
 
@@ -259,44 +255,3 @@ def table(records: list[dict]) -> list[str]:
 
 def seconds(x) -> str:
     return "-" if x is None else f"{x:.1f} s"
-
-
-# ---------------------------------------------------------------------------------------------------
-# What the report and the gate share about the records
-
-# What makes two to-accuracy runs the same question, beside their configuration (results.config_key): the target and
-# every setting of the schedule but the rate it scaled to (which follows from them and the global batch)
-SETTINGS = ("target", "scaling", "base_lr", "base_batch", "warmup_epochs", "decay", "max_epochs", "eval_every",
-            "momentum", "weight_decay", "train_samples")
-
-
-def is_accuracy(rec: dict) -> bool:
-    return rec.get("task") == KIND
-
-
-def records(src: Path, warn) -> list[dict]:
-    """The to-accuracy records in ``src/accuracy/``, and any in ``src`` itself (read quietly: the report warns about
-    src's unreadable files once, when it reads the timed runs)."""
-    from bench.core import results
-
-    found = []
-    for d, say in ((Path(src), lambda m: None), (Path(src) / KIND, warn)):
-        if d.is_dir():
-            found += [r for r in results.load(d, warn=say) if is_accuracy(r)]
-    return found
-
-
-def rules_of(rec: dict) -> list[str]:
-    """The scaling rules a to-accuracy run stands for: one, or several that gave its global batch the same rate."""
-    a = rec.get("accuracy_settings") or {}
-    return list(a.get("rules") or [a.get("scaling") or (rec.get("schedule") or {}).get("scaling")])
-
-
-def settings_key(rec: dict) -> tuple:
-    a = rec.get("accuracy_settings") or {}
-    return tuple((k, a.get(k)) for k in SETTINGS)
-
-
-def reached_epochs(rec: dict) -> float:
-    """Epochs to accuracy; infinity for a run that did not reach the target."""
-    return rec["epochs_to_accuracy"] if rec.get("reached") else float("inf")

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands import _probe
-from bench.commands._probe import OOM
+from bench.core import searches
+from bench.plan import probe as _probe
+from bench.plan.probe import OOM
 
 RESOLUTION = 8  # bisect until hi - lo <= lo / RESOLUTION
 
@@ -71,14 +72,4 @@ def run(configs, results_dir: Path, env_meta: dict, cap: int, memory_limit_gib: 
         empty=lambda cfg: _result(cfg, [], None, capped=False),
         start=lambda cfg: f"searching from batch {cfg.batch_size} (cap {cap})",
         search=lambda cfg, probe: search(cfg, lambda batch: probe(f"batch {batch}", batch_size=batch), cap),
-        done=lambda row: f"max batch per device: {describe(row)}", summary={"cap": cap})
-
-
-def describe(row: dict) -> str:
-    if row.get("skipped"):
-        return f"skipped: {row['skipped']}"
-    if row["error"]:
-        return f"error: {row['error']}" + (f" (fits {row['max_batch']})" if row["max_batch"] else "")
-    if row["max_batch"] is None:
-        return "not even batch 1 fits"
-    return f">= {row['max_batch']} (the cap; nothing ran out of memory)" if row["capped"] else str(row["max_batch"])
+        done=lambda row: f"max batch per device: {searches.max_batch(row)}", summary={"cap": cap})

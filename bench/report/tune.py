@@ -82,8 +82,8 @@ def report_alone(src: Path, out: Path, warn) -> int:
     import datetime as dt
     import sys
 
-    from bench.commands.report import html, verdict
-    from bench.commands.report.common import write_atomic
+    from bench.report import html, verdict
+    from bench.report.common import write_atomic
     from bench.core import results
     from bench.core.errors import EXIT_BAD_INPUT, EXIT_OK
 

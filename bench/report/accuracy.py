@@ -24,16 +24,15 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.commands import _accuracy
-from bench.commands.report.common import ORDER, label, md_table, save_figure, slug, workload_title
-from bench.core import results, workloads
+from bench.core import accuracy_records, results, workloads
+from bench.report.common import ORDER, label, md_table, save_figure, slug, workload_title
 
 BLOCK = ("device_type", "hardware", *workloads.FIELDS, "data", "precision")
 CONFIG = ("backend", "world_size", "global_batch", "batch_per_device", "scaling", "options", "cudnn_benchmark")
 
 
 def records(src: Path, warn) -> list[dict]:
-    return [r for r in _accuracy.records(src, warn) if r.get("status") in results.STATUSES]
+    return [r for r in accuracy_records.records(src, warn) if r.get("status") in results.STATUSES]
 
 
 def _fields(rec: dict) -> dict:
@@ -43,7 +42,8 @@ def _fields(rec: dict) -> dict:
             "hardware": results.hardware(rec), "options": rec.get("options") or {},
             "optimizer": workloads.of_record(rec).optimizer,
             # the rules this run stands for: one, or several that gave its batch the same rate ("linear = none")
-            "rules": _accuracy.rules_of(rec), "scaling": _accuracy.rules_label(_accuracy.rules_of(rec))}
+            "rules": accuracy_records.rules_of(rec),
+            "scaling": accuracy_records.rules_label(accuracy_records.rules_of(rec))}
 
 
 def configurations(recs: list[dict]) -> list[dict]:
@@ -51,7 +51,8 @@ def configurations(recs: list[dict]) -> list[dict]:
     out: dict[tuple, dict] = {}
     for rec in recs:
         f = _fields(rec)
-        block = tuple(str(f[k]) for k in BLOCK) + tuple(str(v) for k, v in _accuracy.settings_key(rec) if k != "scaling")
+        block = tuple(str(f[k]) for k in BLOCK) + tuple(str(v) for k, v in accuracy_records.settings_key(rec)
+                                                        if k != "scaling")
         key = block + tuple(str(f[k]) for k in CONFIG)
         row = out.setdefault(key, {**f, "block": block, "_recs": []})
         row["_recs"].append(rec)
@@ -60,7 +61,7 @@ def configurations(recs: list[dict]) -> list[dict]:
         ok = [r for r in row["_recs"] if r["status"] == "ok"]
         reached = [r for r in ok if r.get("reached")]
         times = [r["time_to_accuracy_seconds"] for r in reached]
-        epochs = sorted(_accuracy.reached_epochs(r) for r in ok)
+        epochs = sorted(accuracy_records.reached_epochs(r) for r in ok)
         first = ok[0] if ok else row["_recs"][0]
         row.update(
             ok=ok, runs=len(ok), reached_runs=len(reached), all_reached=bool(ok) and len(reached) == len(ok),
@@ -211,7 +212,7 @@ def draw_curves(block: list[dict], stem: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bench.commands.report.style import EDGE, dodge, look
+    from bench.report.style import EDGE, dodge, look
 
     rules = sorted({rule for r in drawn for rule in r["rules"]})
     fig, grid = plt.subplots(len(rules), 3, figsize=(13, 0.6 + 3.6 * len(rules)), squeeze=False,
@@ -423,8 +424,8 @@ def report_alone(src: Path, out: Path, warn) -> int:
     the verdicts and this section, the verdict printed last."""
     import datetime as dt
 
-    from bench.commands.report import html, verdict
-    from bench.commands.report.common import write_atomic
+    from bench.report import html, verdict
+    from bench.report.common import write_atomic
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -440,7 +441,7 @@ def report_alone(src: Path, out: Path, warn) -> int:
     text = "\n".join(md)
     write_atomic(out / "REPORT.md", text)
     page = out / "REPORT.html"
-    write_atomic(page, html.page(text, [{"_recs": recs}], src / _accuracy.KIND, out))
+    write_atomic(page, html.page(text, [{"_recs": recs}], src / accuracy_records.KIND, out))
     print(f"report: {(out / 'REPORT.md').resolve()}\nhtml:   {page.resolve()}")
     print("\n".join(["", "== Verdict"] + verdict.console_lines(vs, [])))
     return 0

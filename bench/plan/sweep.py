@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import backends
-from bench.commands import _nodes
+from bench.plan import nodes as _nodes
 from bench.core import knobs, workloads
 from bench.core.config import DEFAULTS, ON_OFF, PRECISIONS, RunConfig, default_batch
 from bench.core.devices import detect_device, usable_cpus

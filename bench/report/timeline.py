@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from bench.commands.report.comm import split
-from bench.commands.report.common import label, md_table, save_figure, slug, withheld
+from bench.report.comm import split
+from bench.report.common import label, md_table, save_figure, slug, withheld
 from bench.core import traces, workloads
 
 COLORS = {"data": "#8c8c8c", "forward": "#1f77b4", "backward": "#ff7f0e", "all-reduce": "#d62728",

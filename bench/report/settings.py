@@ -3,7 +3,7 @@ between backends (DESIGN.md: defaults are part of the measurement), side by side
 backend ran with before comparing its throughput or memory with another's."""
 from __future__ import annotations
 
-from bench.commands.report.common import label, md_table, sort_rows
+from bench.report.common import label, md_table, sort_rows
 
 MiB = 2 ** 20
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import BASELINE, MARK, GiB, flagged, label, legend_outside, rate, save_figure, withheld
-from bench.commands.report.style import WARNING, dodge, series_styles
-from bench.commands.report.summary import device_memory
+from bench.report.common import BASELINE, MARK, GiB, flagged, label, legend_outside, rate, save_figure, withheld
+from bench.report.style import WARNING, dodge, series_styles
+from bench.report.summary import device_memory
 from bench.core.trust import SAME_COMPUTATION
 
 

@@ -1,4 +1,4 @@
-"""What ``bench verify`` plans, shared by the command and the GPU check's launch plan (bench/commands/_gpu_plan.py),
+"""What ``bench verify`` plans, shared by the command and the GPU check's launch plan (bench/plan/gpu_check.py),
 which asks it before it starts a verify launch: the arguments, one entry per backend and world size with the reason it
 would be skipped here, and what makes the command refuse (every entry skipped: nothing to verify)."""
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Entry:
 
 def plan(args):
     import backends
-    from bench.commands._plan import check_model, check_precision, parse_backends, world_sizes
+    from bench.plan.sweep import check_model, check_precision, parse_backends, world_sizes
     from bench.core.devices import detect_device
 
     device_type, present = detect_device(args.device)

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from bench.commands.report.common import BASELINE, fmt, label, md_table, rate
+from bench.report.common import BASELINE, fmt, label, md_table, rate
 from bench.core import reference, stats, workloads
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-from bench.commands.report import caution, comm, reference
-from bench.commands.report.common import (
+from bench.report import caution, comm, reference
+from bench.report.common import (
     BASELINE,
     SECTION,
     WITHIN_RUN,
@@ -28,7 +28,7 @@ from bench.commands.report.common import (
     withheld,
     workload_title,
 )
-from bench.commands.report.summary import IMBALANCE_WORDS, VERDICT_IMBALANCE, device_memory
+from bench.report.summary import IMBALANCE_WORDS, VERDICT_IMBALANCE, device_memory
 from bench.core import workloads
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ImageNet-1k (ILSVRC 2012) training set

@@ -1,4 +1,4 @@
-"""What the two memory searches share (``--find-max-batch``: _maxbatch.py; ``--find-max-model``: _maxmodel.py): for every
+"""What the two memory searches share (``--find-max-batch``: maxbatch.py; ``--find-max-model``: maxmodel.py): for every
 configuration, skip it with the reason or search with short probe runs, each its own process tree (the backend's
 minimum warm-up and one timed step), whose records go to ``RESULTS/<kind>``; then one summary file beside them. A probe
 "fits" when it finishes ok and "does not fit" when it runs out of memory; any other failure ends that search with the
@@ -23,7 +23,7 @@ def sweep(kind: str, configs, results_dir: Path, env_meta: dict, memory_limit_gi
     returns the record (``timeout``: its own limit); ``done(row)``: the line that closes it; ``summary``: the summary file's own fields."""
     import backends
     from bench import launch
-    from bench.commands._plan import loader_unavailable
+    from bench.plan.sweep import loader_unavailable
     from bench.core import results
     from bench.core.config import MIN_WARMUP
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands import _probe
+from bench.core import searches
+from bench.plan import probe as _probe
 from bench.core import workloads
 from bench.core.errors import UsageError
 
@@ -105,7 +106,7 @@ def run(configs, sizes: list[str], results_dir: Path, env_meta: dict, memory_lim
                            f"{cfg.optimizer}"),
         search=lambda cfg, probe: search(cfg, sizes, lambda model: probe(
             model, model=model, flops_per_sample=None, meta_init=True, timeout=probe_timeout(cfg, model))),
-        done=lambda row: f"largest model that trains: {describe(row)}", summary={"ladder": sizes})
+        done=lambda row: f"largest model that trains: {searches.max_model(row)}", summary={"ladder": sizes})
 
 
 def search_row_skipped(cfg) -> dict:
@@ -113,16 +114,3 @@ def search_row_skipped(cfg) -> dict:
             "optimizer": cfg.optimizer, "seq_len": cfg.seq_len, "batch_per_device": cfg.batch_size,
             "device_type": cfg.device_type, "options": cfg.options, "max_model": None, "max_parameters": None,
             "capped": False, "error": None, "host_limit": None, "probes": []}
-
-
-def describe(row: dict) -> str:
-    if row.get("skipped"):
-        return f"skipped: {row['skipped']}"
-    size = f"{row['max_model']} ({row['max_parameters'] / 1e6:,.1f} M parameters)" if row["max_model"] else None
-    if row["error"]:
-        return f"error: {row['error']}" + (f" (fits {size})" if size else "")
-    if row.get("host_limit"):
-        return f"{size or 'nothing'}; the next size {row['host_limit']}"
-    if size is None:
-        return "not even the smallest size fits"
-    return f"{size}, the ladder's largest: nothing ran out of memory" if row["capped"] else size

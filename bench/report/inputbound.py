@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.commands.report.common import fmt, label, md_table
+from bench.report.common import fmt, label, md_table
 from bench.core import workloads
 
 THRESHOLD_PCT = 20.0  # data wait at or above this share of the window time: the run is input bound

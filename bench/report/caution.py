@@ -13,8 +13,8 @@ place and plots leave it out for (``withheld``).
 """
 from __future__ import annotations
 
-from bench.commands.report import comm
-from bench.commands.report.common import BASELINE, MARK, label
+from bench.report import comm
+from bench.report.common import BASELINE, MARK, label
 from bench.core import trust
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.report.common import fmt, label, legend_outside, md_table, rate, save_figure, shown, slug, withheld
+from bench.report.common import fmt, label, legend_outside, md_table, rate, save_figure, shown, slug, withheld
 from bench.core import workloads
 
 BUCKET_MB = 25.0  # DDP's default bucket_cap_mb, for the predictions in the report
@@ -113,10 +113,10 @@ def plot_split(ok: list[dict], stem: Path, title: str, unit: str) -> list[tuple[
 
 
 def gradient_sizes(summary_rows: list[dict]) -> tuple[dict[str, int], dict[str, str]]:
-    """Each model's gradient bytes, from its ok records (``_comm.gradient_bytes``; ``single``'s first, the DDP
+    """Each model's gradient bytes, from its ok records (``scaling.gradient_bytes``; ``single``'s first, the DDP
     baseline's fp32 parameters: a DeepSpeed run holds bf16 ones), named with the sequence length for a GPT (its
     position embedding grows with it); and for a model whose size no record gives, why."""
-    from bench.commands import _comm
+    from bench.report import scaling
 
     sizes, unknown = {}, {}
     for r in sorted(summary_rows, key=lambda r: r["backend"] != "single"):
@@ -124,7 +124,7 @@ def gradient_sizes(summary_rows: list[dict]) -> tuple[dict[str, int], dict[str, 
         for rec in (r.get("_recs") or []) if r["model"] != "none" else []:
             if rec["status"] != "ok" or name in sizes:
                 continue
-            size, why = _comm.gradient_bytes(rec)
+            size, why = scaling.gradient_bytes(rec)
             if size:
                 sizes[name] = size
                 unknown.pop(name, None)
@@ -191,20 +191,20 @@ def _plot_collectives(rec, ops, by, sizes, grads, stem: Path) -> str:
 
 def prediction_section(src: Path) -> list[str]:
     """Reads the same files the other sections read; their warnings were given once already."""
-    from bench.commands import _comm
+    from bench.report import scaling
 
     md = []
-    for inp in _comm.inputs(src, warn=lambda msg: None, unsized=True):
+    for inp in scaling.inputs(src, warn=lambda msg: None, unsized=True):
         title = " ".join(filter(None, [inp["model"], workloads.shape(inp), f"b{inp['batch_per_device']}/device",
                                        inp["precision"], "on", inp["hardware"]]))
         if inp["grad_bytes"] is None:
             md += [f"**{title}**: no prediction: {inp['grad_source']}", ""]
             continue
-        rows = _comm.rows(inp, [2, 4, 8, 16, 64], "ddp", BUCKET_MB)
+        rows = scaling.rows(inp, [2, 4, 8, 16, 64], "ddp", BUCKET_MB)
         body = []
         for r in rows:
             lo, hi, m = r["efficiency_low"], r["efficiency_high"], r["measured_efficiency"]
-            base, run = _comm.withheld(inp, r)  # built on a disturbed single@1, or a disturbed measured run
+            base, run = scaling.withheld(inp, r)  # built on a disturbed single@1, or a disturbed measured run
             inside = None if m is None or base or run else ("yes" if lo - 0.02 <= m <= hi + 0.02 else "no")
             body.append([r["world_size"], f"{r['curve_world_size']} ranks", f"{1000 * r['t_allreduce']:.1f} ms",
                          f"⚠ {base}" if base else f"{100 * lo:.1f} – {100 * hi:.1f} %",

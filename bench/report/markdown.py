@@ -5,8 +5,8 @@ import json
 import sys
 from pathlib import Path
 
-from bench.commands.report import accuracy, caution, comm, reference, tune, verdict
-from bench.commands.report.common import (
+from bench.report import accuracy, caution, comm, reference, tune, verdict
+from bench.report.common import (
     BASELINE,
     rate,
     shown,
@@ -26,17 +26,17 @@ from bench.commands.report.common import (
     slug,
     sort_rows,
 )
-from bench.commands.report.equivalence import eval_table
-from bench.commands.report.equivalence import section as equivalence_section
-from bench.commands.report.headroom import section as headroom_section
-from bench.commands.report.maxmodel import section as maxmodel_section
-from bench.commands.report.overhead import section as overhead_section
-from bench.commands.report.inputbound import section as input_bound_section
-from bench.commands.report.plots import plot_workload
-from bench.commands.report.settings import section as settings_section
-from bench.commands.report.timeline import section as timeline_section
-from bench.commands.report.summary import IMBALANCE_WORDS, VERDICT_IMBALANCE, device_memory, imbalances
-from bench.commands.report.verdict import duration, epoch_seconds
+from bench.report.equivalence import eval_table
+from bench.report.equivalence import section as equivalence_section
+from bench.report.headroom import section as headroom_section
+from bench.report.maxmodel import section as maxmodel_section
+from bench.report.overhead import section as overhead_section
+from bench.report.inputbound import section as input_bound_section
+from bench.report.plots import plot_workload
+from bench.report.settings import section as settings_section
+from bench.report.timeline import section as timeline_section
+from bench.report.summary import IMBALANCE_WORDS, VERDICT_IMBALANCE, device_memory, imbalances
+from bench.report.verdict import duration, epoch_seconds
 from bench.core import workloads
 from bench.core.trust import SAME_COMPUTATION
 
