@@ -81,27 +81,37 @@ COLLECTIVES_ARGS ?=
 # Each configuration's plain twin (bench/twins, docs/close-to-the-machine.md) runs beside it: the report's harness
 # overhead; REFERENCE= leaves it out.
 REFERENCE ?= --reference
+# QUICK=1: the first look (bench run --quick: one repetition of single, ddp and fsdp2), without the twins, the
+# collectives sweep and the host-cost rounds: 5 minutes on an 8-GPU node by bench run's estimate. Its verdict names no
+# winner (one run each).
+QUICK ?=
+RUN_EXTRA := $(if $(QUICK),--quick,$(REFERENCE))
+# The world sizes: GPUS, unless ARGS names them (--gpus 1,2,4,8: every size)
+SIZES = $(if $(findstring --gpus,$(ARGS)),,--max-gpus $(GPUS))
 # Each step's command is printed, then run (not the shell block that strings them together). With one device in the
 # sweep there is no collective to measure (bench collectives would refuse it: exit 2, nothing to run), so it is left out.
 # bench run's exit 2 (bad input, or GPUs torch cannot use: nothing ran) ends make bench there, with its one line.
 export SEVERAL_DEVICES := import sys; from bench.core.devices import several_devices; sys.exit(not several_devices())
 bench: install
 	@status=0; \
-	echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(DATA_ARGS) $(ARGS))'; \
-	$(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(DATA_ARGS) $(ARGS) || status=$$?; \
+	echo '$(strip $(PY) -m bench run $(SIZES) --results $(RESULTS) $(RUN_EXTRA) $(DATA_ARGS) $(ARGS))'; \
+	$(PY) -m bench run $(SIZES) --results $(RESULTS) $(RUN_EXTRA) $(DATA_ARGS) $(ARGS) || status=$$?; \
 	[ $$status -ne 2 ] || exit 2; \
 	if [ -n "$(DATA)" ]; then \
-	  echo '$(strip $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(ARGS))'; \
-	  $(PY) -m bench run --max-gpus $(GPUS) --results $(RESULTS) $(REFERENCE) $(ARGS) || status=1; \
+	  echo '$(strip $(PY) -m bench run $(SIZES) --results $(RESULTS) $(RUN_EXTRA) $(ARGS))'; \
+	  $(PY) -m bench run $(SIZES) --results $(RESULTS) $(RUN_EXTRA) $(ARGS) || status=1; \
 	  echo '$(strip $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS))'; \
 	  $(PY) -m bench loader --data-dir $(DATA) --results $(RESULTS) $(LOADER_ARGS) || status=1; \
 	fi; \
-	if [ "$(GPUS)" != 1 ] && $(PY) -c "$$SEVERAL_DEVICES"; then \
+	if [ -n "$(QUICK)" ]; then echo "make bench QUICK=1: no collectives sweep, no host-cost rounds"; \
+	elif [ "$(GPUS)" != 1 ] && $(PY) -c "$$SEVERAL_DEVICES"; then \
 	  echo '$(strip $(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS))'; \
 	  $(PY) -m bench collectives --max-gpus $(GPUS) --results $(RESULTS) $(COLLECTIVES_ARGS) || status=1; \
 	else echo "make bench: one device in the sweep: no collectives to measure"; fi; \
-	echo '$(PY) -m bench overhead --results $(RESULTS)'; \
-	$(PY) -m bench overhead --results $(RESULTS) || status=1; \
+	if [ -z "$(QUICK)" ]; then \
+	  echo '$(PY) -m bench overhead --results $(RESULTS)'; \
+	  $(PY) -m bench overhead --results $(RESULTS) || status=1; \
+	fi; \
 	echo '$(PY) -m bench report --results $(RESULTS) --out $(REPORT)'; \
 	$(PY) -m bench report --results $(RESULTS) --out $(REPORT) || status=1; exit $$status
 

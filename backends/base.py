@@ -29,7 +29,9 @@ OPTIMIZERS = {"sgd": (torch.optim.SGD, SGD), "adamw": (torch.optim.AdamW, ADAMW)
 # Knobs every backend honours unless it says otherwise (``knobs``); the others are the backends' own, declared in
 # their files (bench/core/knobs.py: the planner builds bench run's flags and checks from them).
 CHANNELS_LAST = Knob("channels_last", "NHWC model and inputs (torch.channels_last); fsdp2, ds_zero* and ddp_zero keep "
-                                      "NCHW parameters (recorded in backend_info.channels_last)")
+                                      "NCHW parameters (recorded in backend_info.channels_last); on by default for "
+                                      "convolutional models in bench run's GPU sweep, --no-channels-last for NCHW",
+                     negatable=True)
 ACTIVATION_CHECKPOINTING = Knob("activation_checkpointing",
                                 "recompute each block's activations in backward instead of keeping them (less memory, "
                                 "about one more forward of compute); every backend but dp")

@@ -55,6 +55,7 @@ class FakeGpu:
     peak_allocated: int = 3 * GiB
     peak_reserved: int = 4 * GiB
     cpus: list | None = None  # the CPUs near it (NVML's CPU affinity); None: every CPU of the machine
+    capability: tuple = (9, 0)  # CUDA compute capability (an H100's; bf16 from 8.0)
 
 
 class FakeGpuMachine:
@@ -171,6 +172,8 @@ class FakeGpuMachine:
         query("nvmlDeviceGetMemoryInfo")(lambda h: types.SimpleNamespace(
             total=machine.gpus[h].memory_bytes, used=machine.gpus[h].used_bytes,
             free=machine.gpus[h].memory_bytes - machine.gpus[h].used_bytes))
+        query("nvmlDeviceGetCudaComputeCapability")(lambda h: tuple(machine.gpus[h].capability))
+
         @query("nvmlDeviceGetCpuAffinity")
         def _affinity(h, words):
             cpus = machine.gpus[h].cpus if machine.gpus[h].cpus is not None else range(os.cpu_count() or 1)

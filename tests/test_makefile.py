@@ -37,3 +37,18 @@ def test_make_bench_stops_where_bench_run_refuses_its_input(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert [ln for ln in proc.stdout.splitlines() if ln.startswith("ran: ")] == [
         f"ran: -m bench run --max-gpus all --results {tmp_path}/raw --reference"]
+
+
+@pytest.mark.slow
+def test_make_bench_quick_is_the_first_look_and_args_may_name_the_sizes(tmp_path):
+    """QUICK=1: bench run --quick, no twins, no collectives sweep, no host-cost rounds; ARGS naming --gpus replaces
+    the GPUS sweep (every size the user lists)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")}
+    make = ["make", "--no-print-directory", "bench", "PY=true", f"RESULTS={tmp_path}/raw", f"REPORT={tmp_path}/rep"]
+    quick = subprocess.run([*make, "QUICK=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert quick.returncode == 0, quick.stdout + quick.stderr
+    assert [ln for ln in quick.stdout.splitlines() if ln.startswith("true ")] == [
+        f"true -m bench run --max-gpus all --results {tmp_path}/raw --quick",
+        f"true -m bench report --results {tmp_path}/raw --out {tmp_path}/rep"]
+    sizes = subprocess.run([*make, "ARGS=--gpus 1,2,4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert f"true -m bench run --results {tmp_path}/raw --reference --gpus 1,2,4" in sizes.stdout.splitlines()

@@ -302,7 +302,7 @@ def test_one_twin_per_key_and_repetition_before_its_runs_then_after_them():
     from bench.plan import reference as _reference
 
     configs = _plan.interleave([cfg_of(backend="single"), cfg_of(backend="dp"), cfg_of(backend="ddp", world_size=2),
-                                cfg_of(backend="single", precision="bf16")], 2)
+                                cfg_of(backend="single", precision="bf16")], 2, shuffle=False)
     items = _reference.plan(configs, runnable=lambda c: True)
     got = [(what, c.backend if what == "run" else "twin", c.precision, c.repeat_index) for what, c in items]
     assert got == [("twin", "twin", "fp32", 1), ("run", "single", "fp32", 1), ("run", "dp", "fp32", 1),

@@ -451,3 +451,20 @@ def test_records_from_two_torch_versions_are_flagged(tmp_path, capsys):
     run_report(two, tmp_path / "rep2", capsys)
     assert ("- **Warning: 2 torch versions** (2.15.0+cu132, 2.5.1+cu124) produced these records: a difference "
             "between rows may come from torch, not the backend.") in (tmp_path / "rep2" / "REPORT.md").read_text()
+
+
+def test_a_winner_needs_a_lead_of_five_percent_and_more_than_the_baseline_s_drift(tmp_path, capsys):
+    """Intervals apart are not enough: a 3% lead is not named (the regression gate's 5% threshold, pyperf's rule), nor
+    a 10% lead where single@1's own repetitions moved 20% over the sweep (the drift of clocks, heat, neighbours)."""
+    calm = [*runs("single", 1, 99.0, 100.0, 101.0), *runs("ddp", 4, 359.0, 360.0, 361.0),
+            *runs("fsdp2", 4, 347.0, 348.0, 349.0)]
+    v, _ = verdict_of(tmp_path / "small", capsys, *calm, world_size=4)
+    assert not v["established"] and v["short"].startswith("No winner: ddp leads by 3.3%, under the 5% a winner needs;")
+    drifting = [*runs("single", 1, 90.0, 100.0, 110.0), *runs("ddp", 4, 359.0, 360.0, 361.0),
+                *runs("fsdp2", 4, 323.0, 324.0, 325.0)]
+    v, _ = verdict_of(tmp_path / "drift", capsys, *drifting, world_size=4)
+    assert not v["established"] and v["short"].startswith(
+        "No winner: single@1 drifted 20.0% over its repetitions, more than the 10.0% lead;")
+    assert v["drift"] == "single@1's repetitions drifted 20.0% (slowest run to fastest, of their median)"
+    v, _ = verdict_of(tmp_path / "clear", capsys, *calm[:3], *drifting[3:], world_size=4)
+    assert v["established"] and v["short"].startswith("Use ddp (360.0 img/s), 10% ahead of fsdp2")

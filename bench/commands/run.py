@@ -1,7 +1,7 @@
-"""``python -m bench run``: plan backends x world sizes, then run each configuration as its own process tree
-(bench/launch), one record per run; ``--find-max-batch`` searches each one's largest batch instead,
-``--to-accuracy A`` trains each one to a held-out accuracy (bench/plan/accuracy.py), and ``--external`` runs this process as one
-rank of a run another engine started."""
+"""``python -m bench run``: plan backends x world sizes (bench/plan), print the plan and its cost, then run each
+configuration as its own process tree (bench/launch), one record per run; ``--find-max-batch`` searches each one's
+largest batch instead, ``--to-accuracy A`` trains each one to a held-out accuracy (bench/plan/accuracy.py), and
+``--external`` runs this process as one rank of a run another engine started."""
 from __future__ import annotations
 
 import os
@@ -10,17 +10,17 @@ import sys
 from pathlib import Path
 
 import backends
-from bench.plan import accuracy as _accuracy
-from bench.plan import nodes as _nodes
-from bench.plan.measure import run_watched
-from bench.plan import reference
-from bench.plan.sweep import (add_run_arguments, check_something_runs, check_writable, interleave, loader_unavailable,
-                                  plan, skip_reason)
 from bench.core import environment, peak, results, traces, workloads
 from bench.core.devices import detect_device, usable_cpus
 from bench.core.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError, warn
 from bench.core.flags import add_renamed
 from bench.core.trust import OTHERS_CPU_SHARE
+from bench.plan import accuracy as _accuracy
+from bench.plan import estimate, reference, sweep
+from bench.plan import nodes as _nodes
+from bench.plan.measure import run_watched
+from bench.plan.sweep import (add_run_arguments, check_something_runs, check_writable, interleave, loader_unavailable,
+                              plan, skip_reason)
 
 WAIT_QUIET_S = 120.0  # --wait-quiet-s with no value: the longest wait before each run
 
@@ -37,6 +37,12 @@ def register(sub) -> None:
                    help=f"after each run's measurements, profile STEPS more steps (default {traces.DEFAULT_STEPS}, at "
                         f"most {traces.MAX_STEPS}) on every rank with torch.profiler: one Chrome trace per rank next to "
                         "the run's log, its phases per step in the record (never inside a timed window)")
+    r.add_argument("--plan", action="store_true",
+                   help="print the sweep's plan (every run in its order, with its estimated time) and the total, then "
+                        "exit without launching anything")
+    r.add_argument("--quick", action="store_true",
+                   help="the first look: one repetition of single, ddp and fsdp2 (on GPUs windows of 1 s); the verdict "
+                        "then names no winner, by its rule (make bench QUICK=1)")
     r.add_argument("--no-bind", action="store_true",
                    help="leave each rank free to run on any CPU (default on a GPU machine with several NUMA nodes: "
                         "bound to the CPUs near its GPU, NVML's CPU affinity; recorded as cpu_binding)")
@@ -82,6 +88,8 @@ def cmd_run(args) -> int:
         args.model = sizes[0]  # the plan's workload: the ladder's first size, the others probed from it
     elif args.ladder:
         raise UsageError("--ladder is for --find-max-model")
+    timed = not (args.find_max_batch or args.find_max_model or args.to_accuracy is not None or args.external)
+    chosen = sweep.run_defaults(args, quick=getattr(args, "quick", False)) if timed else []
     configs, notes = plan(args)
     if not configs:
         raise UsageError(f"nothing to run: {'; '.join(notes) or 'no backend and world size match'}")
@@ -99,9 +107,10 @@ def cmd_run(args) -> int:
         return find_max_model(args, configs, notes, sizes)
     if args.to_accuracy is not None:
         return _accuracy.run(args, configs, notes)
-    configs = interleave(configs, args.repeat or 1)
+    configs = interleave(configs, args.repeat or 1, args.order_seed)
     results_dir = Path(args.results)
-    check_writable(results_dir)
+    if not args.plan:
+        check_writable(results_dir)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     env_meta = environment.collect_env(backends.environment(c.backend for c in configs))
@@ -109,6 +118,13 @@ def cmd_run(args) -> int:
         configs = _not_yet_done(configs, results_dir, env_meta)
     runnable = lambda c: not skip_reason(c)  # noqa: E731
     items = reference.plan(configs, runnable) if args.reference else [(reference.RUN, c) for c in configs]
+    seconds = [s if runnable(c) else 0.0 for (_, c), s in  # a run skipped here costs its record only
+               zip(items, estimate.plan_seconds(items, estimate.device_name(configs[0].device_type) if configs else None))]
+    if args.plan:
+        print_plan(items, seconds, runnable)
+    print(plan_line(items, seconds, chosen), flush=True)
+    if args.plan:
+        return EXIT_OK
     # The first run that finds no cached matmul peak for its device and precision mode measures it (bench/rank/peak.py)
     measured_peak = None if getattr(args, "skip_peak", False) else {
         "cache": str(peak.cache_dir()), "refresh_since": results.utc_now() if args.refresh_peak else None}
@@ -155,6 +171,41 @@ def cmd_run(args) -> int:
     for line in reference.lines(records):
         print(line)
     return exit_code(records)
+
+
+def plan_line(items: list, seconds: list[float], chosen: list[str]) -> str:
+    """The plan and its cost in one line, printed before the first launch (and by --plan, after the table)."""
+    runs = [c for kind, c in items if kind == reference.RUN]
+    twins = len(items) - len(runs)
+    models = list(dict.fromkeys(c.model for c in runs))
+    reps = max((c.repeats for c in runs), default=1)
+    shape = (f"{len(models)} workload{'s' if len(models) != 1 else ''} ({', '.join(models)}), "
+             f"{reps} repetition{'s' if reps != 1 else ''} in an order shuffled per repetition "
+             f"(--order-seed {runs[0].order_seed if runs else 0})")
+    line = (f"plan: {len(runs)} run{'s' if len(runs) != 1 else ''}"
+            + (f" and {twins} plain twin{'s' if twins != 1 else ''}" if twins else "")
+            + f": {shape}; about {estimate.duration(sum(seconds))} by the estimate (bench/plan/estimate.py)")
+    if chosen:
+        line += f"\nplan: defaults for this machine, each overridden by its flag: {'; '.join(chosen)}"
+    return line
+
+
+def print_plan(items: list, seconds: list[float], runnable) -> None:
+    """--plan: every run and twin in its order, what it is, and its estimated time."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="bench run --plan: the sweep in its order")
+    for col in ("#", "repetition", "what", "world size", "workload", "precision", "options", "estimate"):
+        table.add_column(col, justify="right" if col in ("#", "world size", "estimate") else "left")
+    for i, ((kind, c), s) in enumerate(zip(items, seconds), 1):
+        what = "plain twin" if kind == reference.TWIN else c.backend + ("" if runnable(c) else " (skipped here)")
+        options = ", ".join(f"{k}={v}" for k, v in (c.options or {}).items()) + (
+            " cudnn.benchmark off" if c.cudnn_benchmark is False else "")
+        table.add_row(str(i), f"{c.repeat_index}/{c.repeats}", what, str(1 if kind == reference.TWIN else c.world_size),
+                      f"{c.model} {workloads.shape(c.to_dict())} b{c.batch_size}", c.precision, options,
+                      estimate.duration(s))
+    Console(width=160).print(table)
 
 
 def exit_code(records: list[dict]) -> int:

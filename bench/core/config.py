@@ -34,7 +34,7 @@ WORKLOAD_BATCH = {("cuda", "language"): 8}
 
 # The flag that sets each checked field (every error names its flag: docs/command-line.md)
 FLAGS = {"world_size": "--gpus", "image_size": "--image-size", "seq_len": "--seq-len", "batch_size": "--batch-size",
-         "steps": "--steps", "windows": "--windows", "eval_samples": "--eval-samples"}
+         "steps": "--steps", "windows": "--windows", "eval_samples": "--eval-samples", "window_s": "--window-s"}
 
 
 def default_batch(device_type: str, kind: str) -> int:
@@ -81,6 +81,13 @@ class RunConfig:
     # CPU sweeps: every rank of every run gets the same share of the cores, the one-process baseline included (with
     # all of them, single@1 was the run a busy machine slowed most, and every efficiency built on it was inflated)
     threads: int | None = None
+    # --window-s: windows sized by time. Each window then runs as many steps as fill this many seconds at the step time
+    # warm-up measured (the slowest rank's; bench/rank/train.py), and ``steps`` is that count once the run has it
+    window_s: float | None = None
+    # the sweep's order (bench/plan/sweep.py interleave): the seed that shuffled it and this run's place in its
+    # repetition (1 = first), so that no configuration is always first or last
+    order_seed: int | None = None
+    order_index: int | None = None
 
     def validate(self) -> "RunConfig":
         kind = self.workload.kind
@@ -105,6 +112,8 @@ class RunConfig:
                               f"gradient buckets at step 2)")
         if not (isinstance(self.repeats, int) and self.repeats >= 1 and 1 <= self.repeat_index <= self.repeats):
             raise UsageError(f"--repeat must be a positive integer, got {self.repeats!r}")
+        if self.window_s is not None and not (isinstance(self.window_s, (int, float)) and self.window_s > 0):
+            raise UsageError(f"--window-s must be a positive number of seconds, got {self.window_s!r}")
         if self.timeout is not None and not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise UsageError(f"--timeout-s must be a positive number of seconds, got {self.timeout!r}")
         if self.precision not in PRECISIONS:

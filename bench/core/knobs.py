@@ -26,6 +26,8 @@ class Knob:
     off: tuple = (None, False, "none")  # values that mean "not set": nothing recorded
     own: bool = False
     flag_name: str | None = None  # the flag, when it is not the key's (--hvd-compression records "compression")
+    negatable: bool = False  # a switch with a --no- form too, None when neither is given (a default that depends on
+    # the device: --channels-last on GPUs' vision workloads, bench/plan/sweep.py run_defaults)
     extra: dict = field(default_factory=dict, compare=False)  # argparse's metavar and the like
 
     @property
@@ -37,7 +39,9 @@ class Knob:
         return (self.flag_name or self.key).replace("-", "_")
 
     def add_to(self, parser) -> None:
-        if self.type is bool:
+        if self.type is bool and self.negatable:
+            parser.add_argument(self.flag, action=argparse.BooleanOptionalAction, default=None, help=self.help)
+        elif self.type is bool:
             parser.add_argument(self.flag, action="store_true", help=self.help)
         else:
             parser.add_argument(self.flag, type=self.type, help=self.help, default=self.default,

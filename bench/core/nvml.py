@@ -57,6 +57,11 @@ class Session:
         v = int(self._call("CUDA driver version", self._lib.nvmlSystemGetCudaDriverVersion))
         return f"{v // 1000}.{v % 1000 // 10}"
 
+    def compute_capability(self, index: int) -> tuple[int, int]:
+        """The GPU's CUDA compute capability, (major, minor): 8.0 and newer compute bf16 natively."""
+        major, minor = self._call("compute capability", self._lib.nvmlDeviceGetCudaComputeCapability, self._handle(index))
+        return int(major), int(minor)
+
     def cpu_affinity(self, index: int) -> set[int]:
         """The CPUs near this GPU (NVML's ideal CPU affinity: those of its NUMA node), as CPU numbers."""
         import os

@@ -94,7 +94,8 @@ def settings(cfg: dict, threads: int, loop: dict | None = None) -> dict:
            "channels_last": bool(o.get("channels_last")), "compile": bool(o.get("compile")),
            "device": cfg["device_type"], "cudnn_benchmark": cfg.get("cudnn_benchmark"), "threads": threads,
            "seed": cfg.get("seed", 0), "warmup": cfg["warmup"], "settle": SETTLE_STEPS, "steps": cfg["steps"],
-           "windows": cfg["windows"], "optimizer_impl": o.get("optimizer_impl"), "loop": loop or PLAIN}
+           "windows": cfg["windows"], "window_s": cfg.get("window_s"), "optimizer_impl": o.get("optimizer_impl"),
+           "loop": loop or PLAIN}
     if workloads.of_record(cfg).kind == "language":
         out["gpt"] = list(workloads.GPT_SIZES[cfg["model"]])  # layers, width, heads, vocabulary
     return out

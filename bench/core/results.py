@@ -64,6 +64,9 @@ def skeleton(cfg: dict, run_id: str, env: dict) -> dict:
         "global_batch": cfg["batch_size"] * cfg["world_size"],
         "warmup_steps": cfg["warmup"],
         "steps_per_window": cfg["steps"],
+        "window_s": cfg.get("window_s"),  # windows sized by time: the seconds asked for (steps_per_window: the count)
+        "order_seed": cfg.get("order_seed"),
+        "order_index": cfg.get("order_index"),
         "windows": cfg["windows"],
         "window_seconds": [],
         "throughput": None,

@@ -85,6 +85,8 @@ def default_timeout(cfg: RunConfig, nodes: Nodes | None = None) -> float:
     compile_s = COMPILE_ALLOWANCE_S if (cfg.options or {}).get("compile") else 0.0
     ranks = max(1, cfg.world_size)
     world_s = 2.0 * (ranks - 1) + 20.0 * math.ceil(math.log2(ranks))
+    if cfg.window_s:  # windows sized by time: 4x their seconds (timed and compute-only windows, with room to spare)
+        return 180.0 + rendezvous + compile_s + world_s + 5.0 * cfg.warmup + 4.0 * cfg.window_s * cfg.windows
     return 180.0 + rendezvous + compile_s + world_s + 5.0 * (cfg.warmup + cfg.steps * cfg.windows)
 
 

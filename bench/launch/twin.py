@@ -86,9 +86,11 @@ def run_twin(cfg: RunConfig, results_dir: Path, env_meta: dict, timeout: float |
 
 def measured(cfg: RunConfig, got: dict) -> dict:
     """The twin record's measurement fields from the twin's output."""
-    samples = cfg.batch_size * cfg.steps
+    steps = got.get("steps", cfg.steps)  # --window-s: the count the twin's own warm-up gave
+    samples = cfg.batch_size * steps
     thr, ci = stats.median_ci95(stats.window_throughputs(got["window_seconds"], samples))
-    out = {"window_seconds": got["window_seconds"], "window_cpu_seconds": got["window_cpu_seconds"],
+    out = {"steps_per_window": steps, "window_seconds": got["window_seconds"],
+           "window_cpu_seconds": got["window_cpu_seconds"],
            "warmup_step_seconds": got["warmup_step_seconds"], "windows_wall_span": got["windows_wall_span"],
            "throughput": thr, "throughput_ci95": ci, "torch": got.get("torch"),
            **({"hardware": got["device_name"]} if cfg.device_type == "cuda" else {})}

@@ -156,7 +156,7 @@ def run(args, configs, notes) -> int:
     train_samples = s["train_samples"] or _train_images(args.data_dir)
     # one run per configuration and rule, but one for rules that give its global batch the same rate
     runs = [(dataclasses.replace(c, seed=c.repeat_index - 1), rules)
-            for c in interleave(configs, args.repeat or 1) for rules in rule_groups(s, c.global_batch)]
+            for c in interleave(configs, args.repeat or 1, shuffle=False) for rules in rule_groups(s, c.global_batch)]
     env_meta = environment.collect_env(backends.environment(c.backend for c, _ in runs))
     records = []
     with progress.Sweep(len(runs)) as bar:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 import tempfile
 from pathlib import Path
 
@@ -17,6 +18,16 @@ from bench.core.errors import UsageError
 from bench.core.flags import add_renamed
 
 CPU_DEFAULT_MAX_WORKERS = 4
+# bench run's defaults on GPUs, where the flags do not say (docs/measuring.md, "The default sweep"): a sweep that can
+# name a winner, within 30 minutes on an 8-GPU node by bench/plan/estimate.py. Every one given on the command line
+# wins; what it leaves out, and the flag that brings each part back, is in the README.
+GPU_SWEEP: dict[str, Any] = {"model": "resnet50,gpt-350m", "workload_batches": {"resnet50": 256}, "repeat": 3,
+                              "window_s": 2.0, "windows": 4, "backends": "single,ddp,fsdp2,ds_zero2,ds_zero3",
+                              "channels_last": True, "top_only": True}
+# --quick (make bench QUICK=1): the first look, in 5 minutes on an 8-GPU node: one repetition (so no winner is named
+# by the verdict's rule), three backends, shorter windows
+QUICK: dict[str, Any] = {"repeat": 1, "window_s": 1.0, "windows": 3, "backends": "single,ddp,fsdp2"}
+BF16_FROM = (8, 0)  # the compute capability from which a GPU computes bf16 natively (Ampere)
 
 
 def add_run_arguments(r) -> None:
@@ -38,19 +49,24 @@ def add_run_arguments(r) -> None:
 # (group title or None for the main list, [(flag, argparse keywords)]): the flags no backend owns
 RUN_FLAGS: list[tuple[str | None, list[tuple[str, dict]]]] = [
     (None, [
-        ("--backends", {"default": "all", "help": f"comma-separated, or 'all' ({', '.join(backends.names())})"}),
+        ("--backends", {"help": f"comma-separated, or 'all' ({', '.join(backends.names())}; default: all on a CPU, "
+                                f"bench run's GPU sweep on GPUs: {GPU_SWEEP['backends']})"}),
         ("--gpus", {"help": "comma-separated world sizes, e.g. 1,2,4 (on CPU: worker processes)"}),
         ("--max-gpus", {"help": "sweep powers of two up to N, and N itself; 'all' = every device (default)"}),
         ("--device", {"default": "auto", "help": "auto | cuda | cpu (default auto: cuda when present)"}),
-        ("--model", {"help": "torchvision classification model (default resnet50 on GPU, resnet18 on CPU), "
-                             "gpt-<size> (docs/workloads.md) or your own: package.module:factory"}),
+        ("--model", {"help": "torchvision classification model (default on GPUs: resnet50 and gpt-350m, two "
+                             "workloads; resnet18 on CPU), gpt-<size> (docs/workloads.md) or your own: "
+                             "package.module:factory; several, comma-separated"}),
         ("--seq-len", {"type": int, "help": "gpt-<size>: tokens per sequence (default 1024 on GPU, 64 on CPU)"}),
         ("--optimizer", {"help": "sgd | adamw (default: sgd for torchvision models, adamw for the others)"}),
         ("--batch-size", {"type": int, "help": "per-device batch (default 64 on GPU, 8 sequences for gpt-<size>; 8 on "
                                                "CPU)"}),
         ("--image-size", {"type": int, "help": "square input size in px (default 224 on GPU, 64 on CPU)"}),
         ("--warmup", {"type": int, "help": "untimed steps before the first window"}),
-        ("--steps", {"type": int, "help": "steps per timed window"}),
+        ("--steps", {"type": int, "help": "steps per timed window (windows of a step count; not with --window-s)"}),
+        ("--window-s", {"type": float, "metavar": "SECONDS", "help": "windows sized by time: each runs the steps that "
+                                                                     "fill SECONDS at the step time warm-up measured "
+                                                                     "(default on GPUs: 2; the count is recorded)"}),
         ("--windows", {"type": int, "help": "timed windows (raw times are kept in the record)"}),
         ("--precision", {"help": "fp32 | fp16 | bf16 (default: the backend's own, fp32 for most)"}),
         (("--timeout-s", "--timeout"), {"type": float, "dest": "timeout", "metavar": "SECONDS",
@@ -58,7 +74,9 @@ RUN_FLAGS: list[tuple[str | None, list[tuple[str, dict]]]] = [
         ("--peak-tflops", {"type": float, "help": "the GPU's dense peak TFLOP/s at the run's precision, for MFU "
                                                   "(default: bench/core/mfu.py's table)"}),
         ("--repeat", {"type": int, "help": "runs of every configuration, each its own process tree, in interleaved "
-                                           "order (default 1); the run is the statistical unit"}),
+                                           "order (default 3 on GPUs, 1 on a CPU); the run is the statistical unit"}),
+        ("--order-seed", {"type": int, "help": "the seed that shuffles the configurations' order within each "
+                                               "repetition (default 0; recorded as order_seed)"}),
         ("--cudnn-benchmark", {"choices": tuple(ON_OFF), "help": "torch.backends.cudnn.benchmark on CUDA (default "
                                                                  "on; DataParallel's sweep also runs it off)"}),
         ("--reference", {"action": "store_true", "help": "also run each configuration's plain twin (bench/twins: the "
@@ -143,6 +161,53 @@ def parse_run(argv: list[str], known: bool = False) -> argparse.Namespace:
     return p.parse_known_args(argv)[0] if known else p.parse_args(argv)
 
 
+def run_defaults(args, quick: bool = False) -> list[str]:
+    """Fill in ``args`` what the user did not give with bench run's defaults for this machine: on GPUs the GPU sweep
+    (GPU_SWEEP: two workloads, bf16 where every GPU has it and fp16 otherwise, channels_last for the convolutions, 3
+    repetitions, windows of 2 s, the default backends, 1 and N GPUs); with ``quick``, QUICK's on any device. Returns
+    what was chosen, one line each (the plan's first lines); ``args.defaulted`` names the flags filled."""
+    device_type = detect_device(args.device)[0]
+    chosen: dict = {}
+    if device_type == "cuda":
+        chosen.update(GPU_SWEEP, precision=_gpu_precision())
+    if quick:
+        chosen.update(QUICK if device_type == "cuda" else {"repeat": 1, "backends": QUICK["backends"]})
+    if args.steps is not None:  # windows of a step count, asked for: the windows' count is the device's default too
+        chosen.pop("window_s", None)
+        chosen.pop("windows", None)
+    lines, filled = [], []
+    for key, value in chosen.items():
+        if key in ("workload_batches", "top_only"):
+            continue
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+            filled.append(key)
+            lines.append(f"{FLAG_OF.get(key, '--' + key.replace('_', '-'))} {value if value is not True else ''}".strip())
+    if device_type == "cuda":
+        args.top_only = not args.gpus
+        if "model" in filled:
+            args.workload_batches = {m: b for m, b in GPU_SWEEP["workload_batches"].items() if not args.batch_size}
+    args.defaulted = filled
+    return lines
+
+
+FLAG_OF = {"model": "--model", "repeat": "--repeat", "window_s": "--window-s", "windows": "--windows",
+           "backends": "--backends", "channels_last": "--channels-last (convolutions)", "precision": "--precision"}
+
+
+def _gpu_precision() -> str:
+    """bf16 where every GPU here computes it natively (compute capability 8.0 or newer, read from NVML), else fp16;
+    bf16 where NVML cannot say."""
+    from bench.core import cuda, nvml
+
+    try:
+        with nvml.open() as n:
+            caps = [n.compute_capability(cuda.nvml_index(i)) for i in range(cuda.count())]
+    except (nvml.Unavailable, RuntimeError):
+        return "bf16"
+    return "bf16" if all(c >= BF16_FROM for c in caps) else "fp16"
+
+
 def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, present: int, per_gpu: int = 1) -> list[int]:
     """The world sizes to run; ``present`` counts the ranks this machine can hold (devices x ``per_gpu``)."""
     unit = "CUDA device(s)" if device_type == "cuda" else "CPU cores (one worker per core)"
@@ -172,9 +237,10 @@ def world_sizes(gpus: str | None, max_gpus: str | None, device_type: str, presen
     return sizes
 
 
-def parse_backends(text: str) -> list[str]:
+def parse_backends(text: str | None) -> list[str]:
     import difflib
 
+    text = text or "all"
     names = [x.strip() for x in text.split(",") if x.strip()] if text != "all" else backends.names()
     unknown = [n for n in names if n not in backends.REGISTRY]
     if unknown or not names:
@@ -183,6 +249,10 @@ def parse_backends(text: str) -> list[str]:
         raise UsageError(f"--backends {text!r}: unknown backend {', '.join(unknown) or repr(text)}{hint}; choose from "
                          f"{', '.join(backends.names())}")
     return names
+
+
+def kind_of(model: str) -> str:
+    return workloads.of(model).kind
 
 
 def check_model(name: str) -> None:
@@ -242,34 +312,62 @@ def check_writable(directory: Path, flag: str = "--results") -> None:
 
 
 def plan(args) -> tuple[list[RunConfig], list[str]]:
-    """Every configuration to run once, in sweep order (``interleave`` adds the repetitions)."""
+    """Every configuration to run once, in sweep order (``interleave`` adds the repetitions): each workload of
+    ``--model`` (comma-separated) in turn."""
+    models = [m.strip() for m in (args.model or "").split(",") if m.strip()] or [None]
+    configs, notes = [], []
+    for model in models:
+        got, said = _plan_workload(args, model, several=len(models) > 1)
+        configs += got
+        notes += [n for n in said if n not in notes]
+    check_data(args, configs)
+    return configs, notes
+
+
+def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list[RunConfig], list[str]]:
+    """The configurations of one workload (``model``; None: the device's default). ``several``: one of several
+    workloads, where --seq-len applies to the GPTs only and --image-size to the image models only."""
     from bench.rank import data, loaders
 
     check_knobs(args)
     device_type, sizes, nodes, nnodes = sweep_sizes(args)
     names = parse_backends(args.backends)
     d = DEFAULTS[device_type]
-    model = args.model or d["model"]
+    model = model or d["model"]
     check_model(model)
-    check_image_size(model, _pick(args.image_size, d["image_size"]))
+    check_image_size(model, _pick(args.image_size if kind_of(model) == "vision" or not several else None,
+                                  d["image_size"]))
     check_precision(args.precision)
     if args.repeat is not None and args.repeat < 1:
         raise UsageError(f"--repeat must be a positive integer, got {args.repeat}")
+    window_s = getattr(args, "window_s", None)
+    if window_s is not None and args.steps is not None:
+        raise UsageError(f"--window-s {window_s:g} sizes each window by time and --steps {args.steps} by a step count: "
+                         "give one")
+    kind = workloads.of(model).kind
+    seq_len = args.seq_len if kind == "language" or not several else None
+    image_size = args.image_size if kind == "vision" or not several else None
+    batches = getattr(args, "workload_batches", None) or {}  # bench run's GPU sweep: a batch per workload
     cudnn = None if args.cudnn_benchmark is None else ON_OFF[args.cudnn_benchmark]
     all_knobs, configs, notes = backends.knobs(), [], []
+    # a default made for convolutions (bench run's GPU sweep: channels_last) is not a GPT's option
+    defaulted = set(getattr(args, "defaulted", ()) or ())
+    drop = {"channels_last"} & defaulted if kind != "vision" else set()
 
     def add(name, n, precision, cudnn_benchmark, note=None):
         backend = backends.create(name)
+        options = {k: v for k, v in knobs.options(all_knobs, {k.key for k in backend.knobs}, args).items()
+                   if k not in drop}
         cfg = RunConfig(
             backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
             data=args.data, data_dir=args.data_dir, workers=args.workers, loader=args.loader, decode=args.decode,
-            image_size=_pick(args.image_size, d["image_size"]),
-            batch_size=_pick(args.batch_size, default_batch(device_type, workloads.of(model).kind)),
+            image_size=_pick(image_size, d["image_size"]),
+            batch_size=_pick(args.batch_size, batches.get(model) or default_batch(device_type, kind)),
             warmup=_pick(args.warmup, d["warmup"]), steps=_pick(args.steps, d["steps"]),
             windows=_pick(args.windows, d["windows"]), precision=precision, timeout=args.timeout,
-            options=knobs.options(all_knobs, {k.key for k in backend.knobs}, args), cudnn_benchmark=cudnn_benchmark,
+            options=options, cudnn_benchmark=cudnn_benchmark,
             eval=args.eval, nnodes=nnodes, eval_samples=_pick(args.eval_samples, RunConfig.eval_samples),
-            seq_len=args.seq_len, optimizer=args.optimizer,
+            seq_len=seq_len, optimizer=args.optimizer, window_s=window_s,
         ).validate()
         if cfg.data == "imagenet":  # bad loader or decode names: the loader registry says so, in one line
             loaders.check(cfg.loader, cfg.decode, cfg.device_type)
@@ -282,23 +380,27 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
             cfg.workers = data.default_workers(n)  # per device, for every backend
         configs.append(cfg)
 
-    # On CPU a sweep (no --gpus) runs the multi-process backends at its largest world size only: CPU figures say
-    # nothing about scaling, and it keeps `make bench` on a laptop within minutes. --gpus 1,2 runs every size.
-    cpu_top = max(sizes) if device_type == "cpu" and not args.gpus and nnodes == 1 and len(sizes) > 1 else None
+    # A sweep with no --gpus runs the multi-process backends at its largest world size only on a CPU, where figures say
+    # nothing about scaling and it keeps `make bench` on a laptop within minutes, and in bench run's GPU sweep, whose
+    # budget holds 1 and N (scaling efficiency from 1 to N) and not every size between. --gpus 1,2,... runs every size.
+    top_only = (device_type == "cpu" or getattr(args, "top_only", False)) and not args.gpus and nnodes == 1
+    top = max(sizes) if top_only and len(sizes) > 1 else None
     limits = {name: backends.create(name).world_size_limit(device_type) for name in names}
-    if cpu_top and any(limits[name][0] != 1 for name in names):  # nothing to say where every backend runs at 1
+    if top and any(limits[name][0] != 1 for name in names):  # nothing to say where every backend runs at 1
         ones = [name for name in names if limits[name][0] == 1]
-        notes.append(f"CPU sweep: {' and '.join(ones) + ' at 1 worker, the others' if ones else 'every backend'} at "
-                     f"{cpu_top} workers only (--gpus 1,{cpu_top} runs every size)")
+        unit = "worker" if device_type == "cpu" else "GPU"
+        notes.append(f"{'CPU' if device_type == 'cpu' else 'GPU'} sweep: "
+                     f"{' and '.join(ones) + f' at 1 {unit}, the others' if ones else 'every backend'} at "
+                     f"{top} {unit}s only (--gpus 1,{','.join(str(n) for n in sizes[1:])} runs every size)")
     for name in names:
         backend = backends.create(name)
         limit, why = limits[name]
         beyond = [n for n in sizes if limit and n > limit]
-        if beyond and nnodes == 1 and not cpu_top:
+        if beyond and nnodes == 1 and not top:
             notes.append(f"{name} not planned at world size {', '.join(map(str, beyond))}: "
                          f"{why or f'it runs at world size {limit} only'}")
         for n in sizes:
-            if cpu_top and n != cpu_top and limit != 1:
+            if top and n != top and limit != 1:
                 continue
             if limit and n > limit:
                 continue
@@ -323,7 +425,7 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     # two cuDNN settings in one efficiency.
     if 1 in sizes and cudnn is None:
         planned = {(c.backend, c.world_size, c.precision, c.cudnn_benchmark) for c in configs}
-        for c in [c for c in configs if c.world_size > 1 and c.cudnn_benchmark is not None]:
+        for c in [c for c in configs if c.world_size > 1 and c.cudnn_benchmark is False]:  # on is the default
             for name in dict.fromkeys((c.backend, backends.BASELINE)):
                 if name in names and (name, 1, c.precision, c.cudnn_benchmark) not in planned:
                     setting = f"cudnn.benchmark {'on' if c.cudnn_benchmark else 'off'}"
@@ -333,7 +435,6 @@ def plan(args) -> tuple[list[RunConfig], list[str]]:
     if device_type == "cpu" and nnodes == 1:  # one share of the cores per rank, the largest world size's
         for cfg in configs:
             cfg.threads = max(1, usable_cpus() // max(sizes))
-    check_data(args, configs)
     return configs, notes
 
 
@@ -431,12 +532,31 @@ def workload_flops(model: str, image_size: int | None, seq_len: int | None = Non
         return None
 
 
-def interleave(configs: list[RunConfig], repeats: int) -> list[RunConfig]:
-    """Every configuration once, then again, ``repeats`` times: slow drift (clocks, heat, neighbours) then hits
-    all configurations alike instead of whichever ran last."""
+def interleave(configs: list[RunConfig], repeats: int, seed: int | None = None,
+               shuffle: bool = True) -> list[RunConfig]:
+    """Every configuration once, then again, ``repeats`` times, each repetition in an order of its own: the
+    configurations shuffled (``random.Random``, by ``seed`` and the repetition: the same seed gives the same sweep), then
+    turned so that a repetition neither starts nor ends with the configuration the one before did. Slow drift (clocks,
+    heat, neighbours) then hits all configurations alike instead of whichever always ran first or last (``single@1``,
+    the baseline of every efficiency, always ran first). Each run records ``order_seed`` and its ``order_index``.
+    ``shuffle=False``: the planned order in every repetition (--to-accuracy's runs, which time no windows)."""
     import dataclasses
+    import random
 
-    return [dataclasses.replace(c, repeat_index=r, repeats=repeats) for r in range(1, repeats + 1) for c in configs]
+    seed = 0 if seed is None else seed
+    out, before = [], None
+    for r in range(1, repeats + 1):
+        order = list(range(len(configs)))
+        if shuffle:
+            random.Random(f"{seed}-{r}").shuffle(order)
+        if shuffle and before is not None and len(order) > 1:
+            turns = [order[k:] + order[:k] for k in range(len(order))]
+            order = next((t for t in turns if t[0] != before[0] and t[-1] != before[-1]),
+                         next(t for t in turns if t[0] != before[0]))
+        before = order
+        out += [dataclasses.replace(configs[i], repeat_index=r, repeats=repeats, order_seed=seed, order_index=j + 1)
+                for j, i in enumerate(order)]
+    return out
 
 
 def backend_options(name: str, args) -> dict:

@@ -19,6 +19,8 @@
     node-freezes@rank1:step6  the same with SIGSTOP: a node that stops answering without closing a connection
                               (a kernel hang, a partition); the test that injects it kills the frozen processes
     Both wait 1.5 s before acting, so the node's last heartbeat carries the phase it died in.
+    pause40@rank0        every training step of that rank sleeps 40 ms after it (wall time, no CPU): a step of a known
+                         length, whatever the machine does (tests/test_sweep_verdict.py makes two backends alike with it)
     slow@rank0           every training step of that rank burns SLOW_SHARE (5%) more CPU time after it, in a busy
                          loop inside the step (a harness that got 5% slower); ``slowN``: N% (``slow50@rank0``: 50%,
                          what tests/test_reference.py makes ``bench run --reference`` see)
@@ -29,7 +31,7 @@
 ``@rank*`` is every rank whose environment has the fault (give BENCH_FAULT to one node's ``bench run`` only).
 
 A ``BACKEND/`` prefix limits a fault to one backend (``ddp/crash@rank1:step3``), so a sweep can show that
-one failing run does not stop the next. Several faults are separated by commas. With BENCH_FAULT unset nothing is installed: the timed loop
+one failing run does not stop the next; a ``MODEL:`` prefix before it, to one workload (``cnn-tiny:dp/pause40@rank*``). Several faults are separated by commas. With BENCH_FAULT unset nothing is installed: the timed loop
 runs the backend's own ``step`` untouched.
 """
 from __future__ import annotations
@@ -56,12 +58,12 @@ OOM_ERRORS = {
                  "Call to CUDA function failed.\nLast error:\nCuda failure 2 'out of memory'"),
 }
 KINDS = ("crash", "hang", "oom", *OOM_ERRORS, "diverge", "bloat", "grad-scale", "wrong-shard", "node-dies",
-         "node-freezes", "watchdog-abort", "slow", "overflow")
+         "node-freezes", "watchdog-abort", "slow", "overflow", "pause")
 SLOW_SHARE = 0.05  # slow: the CPU time each step burns beyond its own, as a share of it
 ANY_RANK = -1
 BLOAT_BYTES = 256 * 2 ** 20
-_SPEC = re.compile(r"^(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)(?P<pct>(?<=slow)\d+)?(?:@rank(?P<rank>\d+|\*))?"
-                   r"(?::step(?P<step>\d+))?$")
+_SPEC = re.compile(r"^(?:(?P<model>[a-z0-9._-]+):)?(?:(?P<backend>[a-z0-9_]+)/)?(?P<kind>[a-z-]+)"
+                   r"(?P<pct>(?:(?<=slow)|(?<=pause))\d+)?(?:@rank(?P<rank>\d+|\*))?(?::step(?P<step>\d+))?$")
 
 
 @dataclass
@@ -70,7 +72,8 @@ class _One:
     rank: int
     step: int
     backend: str | None
-    share: float = SLOW_SHARE  # slow: the extra CPU time's share of the step's
+    share: float = SLOW_SHARE  # slow: the extra CPU time's share of the step's; pause: the seconds slept
+    model: str | None = None
 
 
 class Fault:
@@ -86,13 +89,17 @@ class Fault:
                 raise ValueError(f"BENCH_FAULT: cannot parse {part!r}; expected [BACKEND/]KIND[@rankR][:stepS] "
                                  f"with KIND one of {', '.join(KINDS)}")
             rank = ANY_RANK if m["rank"] == "*" else int(m["rank"] or 0)
-            share = int(m["pct"]) / 100 if m["pct"] else SLOW_SHARE
-            faults.append(_One(m["kind"], rank, int(m["step"] or 1), m["backend"], share))
+            if m["kind"] == "pause" and not m["pct"]:
+                raise ValueError(f"BENCH_FAULT: {part!r}: pause needs its milliseconds (pause40@rank0)")
+            share = (int(m["pct"]) / (1000 if m["kind"] == "pause" else 100)) if m["pct"] else SLOW_SHARE
+            faults.append(_One(m["kind"], rank, int(m["step"] or 1), m["backend"], share, m["model"]))
         return cls(faults)
 
     def _mine(self, backend, kinds):
+        model = getattr(getattr(backend, "workload", None), "name", None)
         return [f for f in self.faults
-                if f.rank in (backend.rank, ANY_RANK) and f.kind in kinds and f.backend in (None, backend.name)]
+                if f.rank in (backend.rank, ANY_RANK) and f.kind in kinds and f.backend in (None, backend.name)
+                and f.model in (None, model)]
 
     def install(self, backend) -> None:
         """After setup, before the harness builds the data (wrong-shard picks the share the data comes from)."""
@@ -118,6 +125,8 @@ class Fault:
             backend.step = watched_step
         for f in self._mine(backend, ("slow",)):
             backend.step = slowed(backend.step, f.share)
+        for f in self._mine(backend, ("pause",)):
+            backend.step = paused(backend.step, f.share)
         for f in self._mine(backend, ("overflow",)):
             backend.step = overflowed(backend, backend.step, f.step)
         mine = self._mine(backend, ("crash", "hang", "oom", *OOM_ERRORS, "bloat", "node-dies", "node-freezes"))
@@ -140,6 +149,16 @@ class Fault:
         if self._mine(backend, ("diverge",)):
             with torch.no_grad():
                 next(backend.module.parameters()).add_(1e-3)
+
+
+def paused(step, seconds: float):
+    """``step``, then a sleep of ``seconds`` inside the same call: a step of a known length, on any machine."""
+    def step_then_sleep():
+        loss = step()
+        time.sleep(seconds)
+        return loss
+
+    return step_then_sleep
 
 
 def slowed(step, share: float = SLOW_SHARE, clock=time.process_time):

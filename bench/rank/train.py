@@ -63,6 +63,7 @@ def run(spec: dict) -> None:
         backend.train(1)
         sync()
         warmup_seconds.append(time.perf_counter() - t0)
+    sizing = size_windows(backend, cfg, warmup_seconds) if cfg.window_s else None
     # Warm-up peaks hold one-time work (cuDNN's search workspaces, DDP's bucket rebuild, lazy init). Keep them
     # as their own fields, release the allocator's cached blocks, reset the peaks, and run one untimed settle
     # step that re-reserves what a steady step needs, so the windows neither pay for re-reserving nor see
@@ -135,7 +136,7 @@ def run(spec: dict) -> None:
         "host_peak_rss_bytes": host_rss,
         "warmup_host_peak_rss_bytes": warmup_rss,
         "skipped_steps": timed["skipped"] if scale0 is not None else None,
-        "loss_scale": backend.loss_scale(),  # after the windows: every rank's must be the same (tests/test_loss_scale.py)
+        "loss_scale": backend.loss_scale(),  # after the windows: every rank's must be the same (test_loss_scale.py)
         "warmup_skipped_steps": skips(scale0, scale_after_warmup, count0, count_after_warmup)
         if scale0 is not None else None,
         "backend_info": backend.describe(),
@@ -155,7 +156,7 @@ def run(spec: dict) -> None:
     if backend.rank == 0:
         record = build_record(cfg, spec, gathered, SETTLE_STEPS, measured_peak)
         record.update(hosts=hosts, launched_by=spec.get("launched_by"), windows_wall_span=timed["wall_span"],
-                      gc_policy=gc_policy,
+                      gc_policy=gc_policy, window_sizing=sizing,
                       compute_only_wall_span=compute_only and compute_only["wall_span"], **host_bound(gathered))
         results.save(record, spec["results_dir"])
     backend.barrier()  # nobody tears the process group down while rank 0 still needs it
@@ -163,6 +164,18 @@ def run(spec: dict) -> None:
 
 
 SETTLE_STEPS = 1  # untimed steps between the peak reset and the first window
+MAX_WINDOW_STEPS = 10_000  # a window sized by time never runs more steps than this (a do-nothing step of microseconds)
+
+
+def size_windows(backend, cfg: RunConfig, warmup_seconds: list[float]) -> dict:
+    """--window-s: the steps that fill ``cfg.window_s`` seconds at the step time warm-up measured, the same on every
+    rank: each rank's median over the second half of its warm-up steps (the first pays lazy initialisation and cuDNN's
+    search), the slowest rank's taken. Sets ``cfg.steps``; returns what the record says of it (``window_sizing``)."""
+    mine = statistics.median(warmup_seconds[len(warmup_seconds) // 2:])
+    step_s = max(backend.all_gather(mine))
+    cfg.steps = max(1, min(MAX_WINDOW_STEPS, round(cfg.window_s / step_s) if step_s > 0 else MAX_WINDOW_STEPS))
+    return {"window_s": cfg.window_s, "step_seconds": step_s, "steps": cfg.steps,
+            "from": "the slowest rank's median warm-up step, over the second half of warm-up"}
 cpu_clock = time.process_time  # CPU time of the process, all threads (bench/core/reference.py: the twin on CPUs)
 
 

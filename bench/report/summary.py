@@ -55,13 +55,14 @@ def summarise(recs: list[dict]):
     for key, g in df.groupby(list(results.CONFIG_KEYS), sort=False, dropna=False):
         group = sorted(g["_rec"], key=lambda r: str(r["run_id"]))
         ok = [r for r in group if r["status"] == "ok"]
-        thr = stats.summarise_runs([stats.record_throughputs(r) for r in ok])
+        thr = stats.summarise_runs([stats.record_throughputs(r) for r in ok])  # ok is in run_id order: started
         samples = [x for r in ok for x in window_throughputs(r)]
         row = dict(zip(results.CONFIG_KEYS, key), runs_ok=len(ok), runs_not_ok=len(group) - len(ok),
                    status="ok" if ok else group[-1]["status"], reason=None if ok else group[-1]["reason"],
                    note="; ".join(sorted({r["note"] for r in group if r.get("note")})) or None,
                    global_img_s=thr["median"], ci95_low_img_s=None, ci95_high_img_s=None, interval=thr["interval"],
                    cv_runs_pct=None if thr["cv_runs"] is None else 100 * thr["cv_runs"],
+                   drift_pct=drift_pct(thr["run_medians"]),
                    per_device_img_s=None if thr["median"] is None else thr["median"] / key[1])
         if thr["ci95"]:
             row.update(ci95_low_img_s=thr["ci95"][0], ci95_high_img_s=thr["ci95"][1])
@@ -103,6 +104,18 @@ def imbalances(dev: list[dict], rec: dict) -> dict:
     if not dev:
         return {"rss": stats.imbalance(rec.get("host_peak_rss_bytes") or [])}
     return {k: stats.imbalance([m[k] for m in dev]) for k in IMBALANCE_WORDS}
+
+
+def drift_pct(run_medians: list[float]) -> float | None:
+    """How far a configuration's repetitions moved, slowest run to fastest, as % of their median (None under 2 runs).
+    The verdict reads single@1's: the baseline of every efficiency, run in every repetition, is the sweep's witness of
+    drift in clocks, heat and neighbours (report/verdict.py)."""
+    if len(run_medians) < 2:
+        return None
+    import statistics
+
+    mid = statistics.median(run_medians)
+    return 100.0 * (max(run_medians) - min(run_medians)) / mid if mid else None
 
 
 def numerics(ok: list[dict]) -> str | None:

@@ -2,8 +2,9 @@
 and what every alternative costs relative to it.
 
 Pure functions on the summary rows (``summary.summarise``), using the intervals it computed. A difference is
-*established* only when the two 95% intervals do not overlap and both come from several runs; where the best
-median's interval overlaps another's, or the intervals are within-run only (one run each), no winner is named.
+*established* only when the two 95% intervals do not overlap, both come from several runs, and the lead is at least
+WINNER_MIN_LEAD and more than the drift the baseline's repetitions show; where the best median's interval overlaps
+another's, or the intervals are within-run only (one run each), no winner is named.
 Nor is one named from disturbed runs (bench/core/trust.py): another process used the machine while they were timed.
 
 What a user reads first (the console's last lines, the top of REPORT.md and REPORT.html) is ``first_screen``: a list
@@ -33,6 +34,12 @@ from bench.core import workloads
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ImageNet-1k (ILSVRC 2012) training set
 GROUP = SECTION + WORKLOAD + ("precision", "world_size")
+# The smallest lead that names a winner, beyond intervals that do not overlap (pyperf's and asv's rule: a difference is
+# called only when it is significant AND larger than a threshold): a 2% lead between two backends is the machine's
+# mood more often than the backends', and a user would not change backends for it. The regression gate counts the same 5%
+# as a change (bench compare --threshold).
+WINNER_MIN_LEAD = 0.05
+BASELINE_KEY = SECTION + WORKLOAD + ("precision",)  # where single@1's drift applies: every world size of its workload
 
 
 def epoch_seconds(img_s) -> float | None:
@@ -165,10 +172,21 @@ def title(r: dict) -> str:
             f"{r['data']}, {r['precision']}, {n} {unit}{'s' if n > 1 else ''}{nodes}")
 
 
+def baseline_drifts(rows: list[dict]) -> dict:
+    """single@1's drift (summary ``drift_pct``: its repetitions, slowest to fastest, % of their median) for each
+    hardware, workload and precision."""
+    return {tuple(r[k] for k in BASELINE_KEY): r["drift_pct"] for r in rows
+            if r["backend"] == BASELINE and r["world_size"] == 1 and r.get("drift_pct") is not None
+            and r.get("options") in (None, "{}", {}) and r.get("cudnn_benchmark") in (True, None)}
+
+
 def verdicts(rows: list[dict]) -> list[dict]:
     """One verdict per group: ``title``, ``established`` (a winner is named), ``headline``, ``evidence`` (the
-    recommended backend's, or every tied backend's) and ``alternatives`` (one line each)."""
+    recommended backend's, or every tied backend's) and ``alternatives`` (one line each). A winner needs intervals that
+    do not overlap, from several runs each, none disturbed, the same arithmetic, a lead of WINNER_MIN_LEAD at least, and
+    a lead larger than the drift single@1's repetitions show (``drift``, the sweep's witness of slow change)."""
     keyed = [{**r, "_group": tuple(r[k] for k in GROUP) + (r.get("nnodes") or 1,)} for r in rows]
+    drifts = baseline_drifts(rows)
     out = []
     for _, g in sorted(groups(keyed, ("_group",)), key=lambda kv: (kv[1][0]["device_type"] != "cuda", str(kv[0]))):
         ok = sorted([r for r in g if r["runs_ok"] and r["global_img_s"]], key=lambda r: -r["global_img_s"])
@@ -180,9 +198,16 @@ def verdicts(rows: list[dict]) -> list[dict]:
         tied = [best] + [r for r in rest if overlap(r, best)]
         across_runs = all(r["interval"] != WITHIN_RUN for r in ok)  # within-run intervals miss the run-to-run spread
         disturbed = [r for r in ok if r.get("runs_disturbed")]  # another process used the machine while timed
+        lead = gap(rest[0], best)[0] if rest else None  # how much slower the second is than the fastest
+        drift = drifts.get(tuple(best[k] for k in BASELINE_KEY))
+        small = lead is not None and lead < WINNER_MIN_LEAD
+        drifted = lead is not None and drift is not None and 100 * lead < drift
         v = {"title": title(best), "hardware": best["hardware"],
-             "established": len(tied) == 1 and bool(rest) and across_runs and not disturbed and not unlike,
-             "best": label(best), "evidence": [], "alternatives": [], "short": None}
+             "established": len(tied) == 1 and bool(rest) and across_runs and not disturbed and not unlike
+             and not small and not drifted,
+             "best": label(best), "evidence": [], "alternatives": [], "short": None,
+             "drift": None if drift is None else (f"{BASELINE}@1's repetitions drifted {drift:.1f}% (slowest run to "
+                                                  "fastest, of their median)")}
         fastest = f"{label(best)} ({best['global_img_s']:,.1f} {rate(best)}), {margin(best, rest[0])}" if rest else ""
         if not rest:  # nothing to compare: no line on the first screen
             v["headline"] = f"Only {label(best)} ran here: nothing to compare it with."
@@ -213,6 +238,20 @@ def verdicts(rows: list[dict]) -> list[dict]:
             once = [label(r) for r in ok if r["interval"] == WITHIN_RUN]
             v["short"] = (f"No winner: {'one run each' if len(once) == len(ok) else 'one run of ' + ', '.join(once)}, "
                           f"whose within-run interval misses the run-to-run spread (`--repeat 3`); fastest {fastest}.")
+            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+        elif len(tied) == 1 and drifted:
+            v["headline"] = (f"Fastest here: {label(best)}, but no winner established: {v['drift']}, more than the "
+                             f"{100 * lead:.1f}% between it and {label(rest[0])}: the difference may be the machine's "
+                             "drift over the sweep, not the backends'.")
+            v["short"] = (f"No winner: {BASELINE}@1 drifted {drift:.1f}% over its repetitions, more than the "
+                          f"{100 * lead:.1f}% lead; fastest {fastest}.")
+            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+        elif len(tied) == 1 and small:
+            v["headline"] = (f"Fastest here: {label(best)}, {100 * lead:.1f}% ahead of {label(rest[0])} beyond the 95% "
+                             f"intervals, but under the {100 * WINNER_MIN_LEAD:.0f}% a verdict needs to name a winner: "
+                             "choose between them on memory or convenience.")
+            v["short"] = (f"No winner: {label(best)} leads by {100 * lead:.1f}%, under the {100 * WINNER_MIN_LEAD:.0f}% "
+                          f"a winner needs; fastest {fastest}.")
             v["evidence"] = [f"{label(best)}: {evidence(best)}"]
         elif len(tied) == 1:
             v["headline"] = f"Use {label(best)}: faster than every alternative beyond the 95% intervals."
@@ -315,14 +354,17 @@ def markdown(vs: list[dict], rows: list[dict]) -> list[str]:
            "Per hardware, workload, precision and world size: the backend to train with and the evidence, then what "
            "each alternative costs relative to the fastest. A winner is named only where the 95% intervals do not "
            "overlap and come from several runs each (one run gives a within-run interval, which misses the "
-           "run-to-run spread); the ImageNet-1k epoch (image classifiers) is 1,281,167 images / global throughput "
-           "(compute only, no input pipeline).", ""]
+           f"run-to-run spread), its lead is at least {100 * WINNER_MIN_LEAD:.0f}% and more than the drift "
+           f"{BASELINE}@1's repetitions show; the ImageNet-1k epoch (image classifiers) is 1,281,167 images / global "
+           "throughput (compute only, no input pipeline).", ""]
     for v in vs:
         md += [f"### {v['title']}", "", f"**{v['headline']}**", ""] + [f"- {e}" for e in v["evidence"]] + [""]
         if v["alternatives"]:
             md += ["Alternatives, relative to the fastest:", ""] + [f"- {a}" for a in v["alternatives"]] + [""]
         if v.get("harness"):
             md += [f"- {h}" for h in v["harness"]] + [""]
+        if v.get("drift"):
+            md += [f"- Drift: {v['drift']}; a lead smaller than that is not named a winner.", ""]
         if v.get("caveat"):
             md += [f"> {v['caveat']}", ""]
     return md

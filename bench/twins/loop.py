@@ -52,6 +52,10 @@ def run(c, model, optimizer, loss_of, device, out_path):
             step(net)
             sync()
             warm.append(time.perf_counter() - t0)
+        if c.get("window_s"):  # windows sized by time, by the harness's rule (bench/rank/train.py size_windows)
+            half = sorted(warm[len(warm) // 2:])
+            per_step = (half[(len(half) - 1) // 2] + half[len(half) // 2]) / 2
+            c["steps"] = max(1, min(10_000, round(c["window_s"] / per_step) if per_step > 0 else 10_000))
         for _ in range(c["settle"]):
             step(net)
         sync()
@@ -70,6 +74,7 @@ def run(c, model, optimizer, loss_of, device, out_path):
 
     warm, wall, cpu, span = measure(compiled)
     out = {"window_seconds": wall, "window_cpu_seconds": cpu, "warmup_step_seconds": warm, "windows_wall_span": span,
+           "steps": c["steps"],
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
            "torch": torch.__version__}
     if c["compile"]:  # the eager twin: the same model uncompiled, timed the same way after the compiled windows

@@ -236,8 +236,9 @@ def test_each_rank_counts_the_state_it_holds(sweep, name):
 
 def bad_values(knob) -> tuple[list[str], str] | None:
     """Command-line arguments giving ``knob`` a value out of its bounds, and what the one line must say."""
-    if knob.type is bool:
-        return [f"{knob.flag}=yes"], f"argument {knob.flag}: ignored explicit argument 'yes'"
+    if knob.type is bool:  # a negatable switch is named with its --no- form (argparse's BooleanOptionalAction)
+        named = f"{knob.flag}/--no-{knob.flag[2:]}" if knob.negatable else knob.flag
+        return [f"{knob.flag}=yes"], f"argument {named}: ignored explicit argument 'yes'"
     if knob.choices:
         return [knob.flag, "not-a-choice"], f"argument {knob.flag}: invalid choice: 'not-a-choice'"
     if knob.low is not None:
