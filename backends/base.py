@@ -98,6 +98,36 @@ class Backend:
         is the user's (None: not given). One by default; DataParallel adds a labelled variant."""
         return [(cudnn_benchmark, None)]
 
+    def variants(self, precision: str) -> list[tuple[dict, str, bool]]:
+        """Labelled variants a sweep plans beside this backend's default run (bench run --variants; the GPU sweep's
+        communication-heavy workload): (its options, what it is, whether it is the library's recommended mode). The
+        default computes what ``single`` computes (like with like); a recommended mode runs as the library's authors
+        set it up, and the verdict ranks it apart (docs/backends.md, "The rule")."""
+        return []
+
+    def tune_space(self) -> dict[str, tuple]:
+        """The backend's own knobs that change its speed, and the values ``bench tune`` tries beside the default (the
+        common ones, batch, channels_last, cuDNN's search and --compile, are tune's): each backend declares its own, so
+        a new one brings its search space with it."""
+        return {}
+
+    def library_settings(self, cfg) -> dict:
+        """What this backend hands its library for ``cfg`` where the library has a default of its own: {setting: value},
+        pure (read before anything launches, and by tests/backends/test_fairness.py). docs/backends.md, "The rule":
+        every setting that differs from ``library_defaults`` is named in the backend's registry entry (``departs``)
+        with its reason, and each run records what differed (``departures``)."""
+        return {}
+
+    def library_defaults(self) -> dict:
+        """The library's own defaults for the settings ``library_settings`` names, read from the library (its
+        signatures, its configuration classes) wherever it says them, so that a release changing one is noticed."""
+        return {}
+
+    def departures(self, cfg) -> dict:
+        """{setting: {"library": its default, "ours": what this run hands it}} where they differ."""
+        ours, theirs = self.library_settings(cfg), self.library_defaults()
+        return {k: {"library": theirs[k], "ours": v} for k, v in ours.items() if k in theirs and theirs[k] != v}
+
     def node_plan(self, nodes, world_size: int) -> str | None:
         """Several nodes: None when this node starts its share of the run (torchrun: every node does), else why not
         (a note); a UsageError when the nodes given cannot hold the run."""

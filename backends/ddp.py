@@ -38,6 +38,13 @@ RANKS_PER_GPU = Knob(SHARED_GPU, "CUDA: start N ranks on each GPU, over gloo ins
                                  "measurement", int, low=0, off=(None, 1), extra={"metavar": "N"})
 
 
+class _NoKnobs:
+    options: dict = {}
+
+
+_NO_KNOBS = _NoKnobs()  # a configuration with no knob given: the defaults' keys
+
+
 class DDP(Backend):
     knobs = (*DDP_KNOBS, RANKS_PER_GPU, *COMMON_KNOBS)
     twin_loop = "ddp"  # bench/twins/ddp.py: DistributedDataParallel at its defaults over a one-rank group
@@ -59,16 +66,33 @@ class DDP(Backend):
         self.init_process_group(cfg)
         model = self.prepare_model(cfg, build_model(cfg).to(self.device))
         o = cfg.options or {}
-        ddp = DistributedDataParallel(
-            model, device_ids=[self.device.index] if cfg.device_type == "cuda" else None,
-            bucket_cap_mb=o.get("ddp_bucket_mb"), static_graph=bool(o.get("ddp_static_graph")),
-            gradient_as_bucket_view=bool(o.get("ddp_grad_as_bucket_view")),
-            find_unused_parameters=bool(o.get("ddp_find_unused")))
+        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if cfg.device_type == "cuda" else None,
+                                      **self.ddp_kwargs(cfg))
         register_comm_hook(ddp, o.get("ddp_comm_hook"))
         self.ddp, self.comm_hook = ddp, o.get("ddp_comm_hook") or "none"
         self.init_training(cfg, ddp, cfg.batch_size)
 
     no_compute_only = None
+
+    def tune_space(self):
+        return {"ddp_bucket_mb": (5.0, 100.0), "ddp_grad_as_bucket_view": (True,), "ddp_static_graph": (True,)}
+
+    def ddp_kwargs(self, cfg) -> dict:
+        """What DistributedDataParallel is built with: its defaults, but where a knob asks (docs/backends.md, "The
+        rule": DDP runs as PyTorch ships it)."""
+        o = cfg.options or {}
+        return {"bucket_cap_mb": o.get("ddp_bucket_mb"), "static_graph": bool(o.get("ddp_static_graph")),
+                "gradient_as_bucket_view": bool(o.get("ddp_grad_as_bucket_view")),
+                "find_unused_parameters": bool(o.get("ddp_find_unused"))}
+
+    def library_settings(self, cfg):
+        return self.ddp_kwargs(cfg)
+
+    def library_defaults(self):
+        import inspect
+
+        signature = inspect.signature(DistributedDataParallel.__init__).parameters
+        return {k: signature[k].default for k in self.ddp_kwargs(_NO_KNOBS)}
 
     def skip_gradient_sync(self):
         return self.ddp.no_sync()  # gradients stay local: no all-reduce in backward

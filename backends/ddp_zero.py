@@ -14,6 +14,9 @@ from backends.base import make_optimizer
 from backends.ddp import DDP
 
 
+ZERO_KWARGS = {"parameters_as_bucket_view": True, "overlap_with_ddp": False}
+
+
 class DDPZero(DDP):
     compute_only_keeps = "ZeroRedundancyOptimizer's broadcast of each rank's updated parameters after the step"
 
@@ -24,7 +27,18 @@ class DDPZero(DDP):
 
         super().setup(cfg)
         self.optimizer = make_optimizer(cfg, self.module.parameters(), cls=functools.partial(
-            ZeroRedundancyOptimizer, parameters_as_bucket_view=True))
+            ZeroRedundancyOptimizer, **ZERO_KWARGS))
+
+    def library_settings(self, cfg):
+        return {**super().library_settings(cfg), **{f"zero.{k}": v for k, v in ZERO_KWARGS.items()}}
+
+    def library_defaults(self):
+        import inspect
+
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        signature = inspect.signature(ZeroRedundancyOptimizer.__init__).parameters
+        return {**super().library_defaults(), **{f"zero.{k}": signature[k].default for k in ZERO_KWARGS}}
 
     def twin_settings(self, cfg):
         return {"zero": True}  # bench/twins/ddp.py with ZeroRedundancyOptimizer's bucket views

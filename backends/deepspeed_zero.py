@@ -70,6 +70,11 @@ DS_BUCKET_MB = Knob("ds_bucket_mb", "DeepSpeed reduce and all-gather buckets, Mi
                     float, low=0)
 
 
+DS_PREFETCH_MB = Knob("ds_prefetch_mb", "ZeRO-3: parameters fetched ahead of use, MiB of fp32 elements "
+                                        "(stage3_prefetch_bucket_size; DeepSpeed's default 5e7 elements, 191 MiB)",
+                       float, low=0)
+
+
 MIXED_PRECISION = {"autocast": "torch_autocast (fp32 parameters, fp32 gradient reduction)",
                    "params": "fp16/bf16 sections (half parameters, fp32 master weights, fp32 gradient reduction)"}
 DS_MP = Knob("ds_mp", "DeepSpeed at bf16/fp16: autocast (default: its torch_autocast section, fp32 parameters, as "
@@ -103,7 +108,7 @@ def no_shm_collective() -> None:
 
 class DeepSpeedZero(DDP):
     # DeepSpeed compiles through its own engine.compile(), not offered here
-    knobs = (DS_BUCKET_MB, DS_MP, CHANNELS_LAST, ACTIVATION_CHECKPOINTING, OPTIMIZER_IMPL)
+    knobs = (DS_BUCKET_MB, DS_MP, DS_PREFETCH_MB, CHANNELS_LAST, ACTIVATION_CHECKPOINTING, OPTIMIZER_IMPL)
 
     no_compute_only = ("DeepSpeed's no_sync forbids engine.step() inside it and is incompatible with ZeRO-2/3's "
                        "gradient partitioning")
@@ -120,6 +125,15 @@ class DeepSpeedZero(DDP):
     def skip_gradient_sync(self):
         return None
 
+    def tune_space(self):
+        return {"ds_bucket_mb": (5.0, 100.0), **({"ds_prefetch_mb": (25.0, 400.0)} if self.stage == 3 else {})}
+
+    def variants(self, precision):
+        if precision not in ("bf16", "fp16"):
+            return []
+        return [({"ds_mp": "params"}, f"as DeepSpeed's documentation runs it: its {precision} section (half parameters, "
+                                      "fp32 master weights)", True)]
+
     def __init__(self, name, launcher, stage: int):
         super().__init__(name, launcher)
         self.stage = stage
@@ -127,6 +141,8 @@ class DeepSpeedZero(DDP):
     def unavailable(self, cfg):
         if cfg.device_type == "cpu":
             cpu_environment()  # before deepspeed is imported
+        if (cfg.options or {}).get("ds_prefetch_mb") is not None and self.stage != 3:
+            return f"{self.name} cannot honour --ds-prefetch-mb: only ZeRO-3 fetches parameters ahead of use"
         return problem() or super().unavailable(cfg) or self.scaler_disagrees(cfg)
 
     def scaler_disagrees(self, cfg) -> str | None:
@@ -190,7 +206,10 @@ class DeepSpeedZero(DDP):
                                   "overlap_comm": True,
                                   # the global norm exists for clipping, which is off; stages 1-2 can skip it
                                   # (stage_1_and_2.py step()); stage 3 has no switch (config.py refuses it)
-                                  **({"compute_grad_norm": False} if self.stage in (1, 2) else {})},
+                                  **({"compute_grad_norm": False} if self.stage in (1, 2) else {}),
+                                  **({"stage3_prefetch_bucket_size": int((cfg.options or {})["ds_prefetch_mb"] * 2 ** 20
+                                                                         // 4)}
+                                     if (cfg.options or {}).get("ds_prefetch_mb") is not None else {})},
             # fp32 on the wire, as DDP under autocast and FSDP2 (reduce_dtype) do; DeepSpeed's default is the
             # model dtype (engine.py communication_data_type), half the bytes of every other backend
             "communication_data_type": "fp32",
@@ -209,6 +228,41 @@ class DeepSpeedZero(DDP):
             "steps_per_print": 2 ** 31 - 1,
             "wall_clock_breakdown": False,
         }
+
+    def library_settings(self, cfg):
+        """The parts of the DeepSpeed config (``config``) that DeepSpeed has defaults for, as dotted names."""
+        c = self.config(cfg, max(2, cfg.world_size))[2]
+        z = c["zero_optimization"]
+        out = {"zero_optimization.reduce_bucket_size": z["reduce_bucket_size"],
+               "zero_optimization.allgather_bucket_size": z["allgather_bucket_size"],
+               "zero_optimization.overlap_comm": z["overlap_comm"],
+               "communication_data_type": c["communication_data_type"], "gradient_clipping": c["gradient_clipping"],
+               "timers.throughput.enabled": c["timers"]["throughput"]["enabled"],
+               "timers.throughput.synchronized": c["timers"]["throughput"]["synchronized"],
+               "torch_autocast.lower_precision_safe_modules": c["torch_autocast"]["lower_precision_safe_modules"],
+               "steps_per_print": c["steps_per_print"], "wall_clock_breakdown": c["wall_clock_breakdown"],
+               "zero_allow_untested_optimizer": c["zero_allow_untested_optimizer"]}
+        if "compute_grad_norm" in z:
+            out["zero_optimization.compute_grad_norm"] = z["compute_grad_norm"]
+        return out
+
+    def library_defaults(self):
+        from deepspeed.runtime import constants
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+        from deepspeed.utils.config import DeepSpeedThroughputTimerConfig
+
+        zero, timer = DeepSpeedZeroConfig(stage=self.stage), DeepSpeedThroughputTimerConfig()
+        return {"zero_optimization.reduce_bucket_size": zero.reduce_bucket_size,
+                "zero_optimization.allgather_bucket_size": zero.allgather_bucket_size,
+                "zero_optimization.overlap_comm": zero.overlap_comm,
+                "zero_optimization.compute_grad_norm": zero.compute_grad_norm,
+                "communication_data_type": constants.COMMUNICATION_DATA_TYPE_DEFAULT,
+                "gradient_clipping": constants.GRADIENT_CLIPPING_DEFAULT,
+                "timers.throughput.enabled": timer.enabled, "timers.throughput.synchronized": timer.synchronized,
+                "torch_autocast.lower_precision_safe_modules": None,  # DeepSpeed's list of Linear and Conv modules
+                "steps_per_print": constants.STEPS_PER_PRINT_DEFAULT,
+                "wall_clock_breakdown": constants.WALL_CLOCK_BREAKDOWN_DEFAULT,
+                "zero_allow_untested_optimizer": constants.ZERO_ALLOW_UNTESTED_OPTIMIZER_DEFAULT}
 
     def _half_norm_buffers(self) -> int:
         """DeepSpeed >= 0.19 casts the parameters only and keeps buffers fp32, so BatchNorm met half weights with fp32

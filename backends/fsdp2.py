@@ -65,6 +65,9 @@ FSDP_MP = Knob("fsdp_mp", "fsdp2 at bf16/fp16: autocast (default: fp32 parameter
                           "or params (MixedPrecisionPolicy: half parameters, half the all-gather bytes, norms and "
                           "residual in the half dtype)", str, choices=tuple(MIXED_PRECISION),
                off=(None, False, "none", "autocast"))
+FSDP_GROUP = Knob("fsdp_blocks_per_group", "fsdp2: blocks sharded together as one FSDP2 group (default 1: each block "
+                                           "its own, as torchtitan does); fewer groups mean fewer all-gathers and less "
+                                           "host work a step, more memory held at once", int, low=0)
 FSDP_RESHARD = Knob("fsdp_reshard", "fsdp2: which blocks reshard their parameters after forward: never, always, or "
                                     "default (never at world size 1, else every block but the last, as torchtitan)",
                     str, choices=tuple(RESHARD), off=(None, False, "none", "default"))
@@ -78,7 +81,10 @@ def has_param_dtype_override() -> bool:
 
 
 class FSDP2(DDP):
-    knobs = (FSDP_MP, FSDP_RESHARD, *COMMON_KNOBS)  # DDP's process-group plumbing, none of its knobs
+    knobs = (FSDP_MP, FSDP_RESHARD, FSDP_GROUP, *COMMON_KNOBS)  # DDP's process-group plumbing, none of its knobs
+
+    def tune_space(self):
+        return {"fsdp_reshard": ("never", "always"), "fsdp_blocks_per_group": (2, 4)}
 
     def unavailable(self, cfg):
         if (cfg.options or {}).get("optimizer_impl") == "fused" and cfg.optimizer == "sgd":
@@ -86,8 +92,27 @@ class FSDP2(DDP):
                     "for _fused_adamw_); use --optimizer-impl foreach, or --optimizer adamw")
         return super().unavailable(cfg)
     compile_mode = "per block"
-    meta_init = True  # --find-max-model's probes build on the meta device (setup)
+    meta_init = True
+
+    def variants(self, precision):
+        if precision not in ("bf16", "fp16"):
+            return []  # fp32: no half parameters to choose
+        return [({"fsdp_mp": "params"}, f"as torchtitan runs it: {precision} parameters for the all-gather and compute, "
+                                        "fp32 gradient reduction", True)]  # --find-max-model's probes build on the meta device (setup)
     twin_loop, twin_knobs = "fsdp2", ("fsdp_mp", "fsdp_reshard")  # bench/twins/fsdp2.py: torchtitan's apply_fsdp
+
+    def library_settings(self, cfg):
+        o = cfg.options or {}
+        return {"reshard_after_forward": RESHARD.get(o.get("fsdp_reshard")) or reshard_policy(cfg.world_size)}
+
+    def library_defaults(self):
+        import inspect
+
+        from torch.distributed.fsdp import fully_shard
+
+        default = inspect.signature(fully_shard).parameters["reshard_after_forward"].default
+        # None and True: every group reshards after forward (the root is kept: it is needed first in backward)
+        return {"reshard_after_forward": "every block" if default in (None, True) else str(default)}
 
     def twin_settings(self, cfg):
         o = cfg.options or {}
@@ -108,8 +133,9 @@ class FSDP2(DDP):
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         dtype = half if self.mixed_precision == "params" else None  # the parameters' dtype in compute
         self.reshard = RESHARD.get((cfg.options or {}).get("fsdp_reshard")) or reshard_policy(self.world_size)
+        self.per_group = (cfg.options or {}).get("fsdp_blocks_per_group") or 1
         self.norm_fp32_via, self.groups = shard(model, mesh, dtype, compile=bool((cfg.options or {}).get("compile")),
-                                                reshard=self.reshard)
+                                                reshard=self.reshard, per_group=self.per_group)
         self.init = "meta device, each rank's shard materialised" if cfg.meta_init else "seeded, whole model per rank"
         if cfg.meta_init:
             model.to_empty(device=self.device)
@@ -159,7 +185,8 @@ class FSDP2(DDP):
                     mixed_precision=MIXED_PRECISION[self.mixed_precision] if self.autocast_dtype or self.param_dtype
                     else None, norm_fp32_via=self.norm_fp32_via,
                     sharded_parameters=sum(1 for p in self.module.parameters() if hasattr(p, "full_tensor")),
-                    fsdp_groups=self.groups, reshard_after_forward=self.reshard, init=self.init,
+                    fsdp_groups=self.groups, blocks_per_group=self.per_group, reshard_after_forward=self.reshard,
+                    init=self.init,
                     prefetch="implicit (backward: the next block's all-gather beside this block's compute)")
         return info
 
@@ -226,7 +253,7 @@ def fsdp_params(model: torch.nn.Module) -> list:
 
 
 def shard(model: torch.nn.Module, mesh, dtype: torch.dtype | None, compile: bool = False,
-          reshard: str = "blocks but the last") -> tuple[str | None, int]:
+          reshard: str = "blocks but the last", per_group: int = 1) -> tuple[str | None, int]:
     """``fully_shard`` every block (compiled first with ``compile``), then the root, keeping BatchNorm's parameters
     fp32 under a half ``dtype``; ``reshard``: ``reshard_policy``'s answer, or "every block". Returns how the norms were kept fp32 (None:
     no half dtype or no norm) and the number of FSDP2 groups."""
@@ -248,11 +275,13 @@ def shard(model: torch.nn.Module, mesh, dtype: torch.dtype | None, compile: bool
                 fully_shard(group, mesh=mesh, mp_policy=fp32, reshard_after_forward=False)
                 groups += 1
             via = "fully_shard per block's BatchNorms"
-    for i, block in enumerate(units):
-        if compile:
-            block.compile()  # before fully_shard, as torchtitan's apply_compile does
-        keep = reshard == "never" or (reshard != "every block" and i == len(units) - 1)  # backward needs the last first
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
+    chunks = [units[i:i + per_group] for i in range(0, len(units), per_group)]  # --fsdp-blocks-per-group
+    for i, chunk in enumerate(chunks):
+        for block in chunk:
+            if compile:
+                block.compile()  # before fully_shard, as torchtitan's apply_compile does
+        keep = reshard == "never" or (reshard != "every block" and i == len(chunks) - 1)  # backward needs the last first
+        fully_shard(chunk if len(chunk) > 1 else chunk[0], mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
         groups += 1
     # the root also returns fp32 logits, so the loss is computed in fp32 as under autocast
     fully_shard(model, mesh=mesh, mp_policy=dataclasses.replace(policy, output_dtype=torch.float32 if dtype else None))

@@ -217,6 +217,26 @@ class Horovod(Backend):
 
         return local()
 
+    def tune_space(self):
+        return {"hvd_fusion_mb": (8.0, 256.0), "hvd_cycle_ms": (0.5, 5.0)}
+
+    def library_settings(self, cfg):
+        """What hvd.DistributedOptimizer is built with (its defaults, but the compression a knob asks for)."""
+        return {"compression": "fp16" if (cfg.options or {}).get("compression") == "fp16" else "none",
+                "backward_passes_per_step": 1, "op": "Average"}
+
+    def library_defaults(self):
+        import inspect
+
+        import horovod.torch as hvd
+
+        signature = inspect.signature(hvd.DistributedOptimizer).parameters
+        compression = {hvd.Compression.none: "none", hvd.Compression.fp16: "fp16"}
+        op = {hvd.Average: "Average", hvd.Sum: "Sum", hvd.Adasum: "Adasum"}
+        return {"compression": compression.get(signature["compression"].default, "other"),
+                "backward_passes_per_step": signature["backward_passes_per_step"].default,
+                "op": op.get(signature["op"].default, "other")}
+
     def describe(self):
         info = super().describe()
         info.update(fusion_threshold_bytes=os.environ.get("HOROVOD_FUSION_THRESHOLD"),

@@ -89,7 +89,7 @@ def registered_backends() -> list[str]:
         target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
                                                                       else None)
         if isinstance(target, ast.Name) and target.id == "REGISTRY":
-            return list(ast.literal_eval(node.value))
+            return [ast.literal_eval(key) for key in node.value.keys]  # the entries name shared dicts: keys only
     raise AssertionError("backends/__init__.py has no REGISTRY")
 
 

@@ -126,18 +126,18 @@ def test_a_failed_default_has_no_best_and_a_failed_candidate_keeps_the_incumbent
 @pytest.mark.parametrize("backend,device,kind,want", [
     ("ddp", "cpu", "vision", ["batch_size", "channels_last", "ddp_bucket_mb", "ddp_grad_as_bucket_view",
                               "ddp_static_graph", "compile"]),
-    ("fsdp2", "cuda", "language", ["batch_size", "cudnn_benchmark", "fsdp_reshard", "compile"]),
+    ("fsdp2", "cuda", "language", ["batch_size", "cudnn_benchmark", "fsdp_reshard", "fsdp_blocks_per_group",
+                                   "compile"]),
     ("single", "cpu", "vision", ["batch_size", "channels_last", "compile"]),
     ("dp", "cuda", "vision", ["batch_size", "cudnn_benchmark"]),  # dp refuses channels_last and --compile
 ])
 def test_each_backend_is_searched_over_the_settings_it_honours(backend, device, kind, want):
-    keys = {k.key for k in backends.backend_class(backend).knobs}
-    dims = tune.dimensions(keys, set(), device, kind, 8)
+    dims = tune.dimensions(backend, set(), device, kind, 8)
     assert [k for k, _ in dims] == want
     assert dims[0] == ("batch_size", (16, 32, 64))
     if backend == "fsdp2":
         assert dict(dims)["fsdp_reshard"] == ("never", "always")
-    assert "cudnn_benchmark" not in dict(tune.dimensions(keys, {"cudnn_benchmark"}, device, kind, 8))
+    assert "cudnn_benchmark" not in dict(tune.dimensions(backend, {"cudnn_benchmark"}, device, kind, 8))
 
 
 def test_the_best_settings_become_a_bench_run_command_that_plans_them():
@@ -403,3 +403,43 @@ def test_a_small_real_search_on_the_cpu(tmp_path):
                                                                       s["best"]["settings"].get("batch_size", 2))
     assert bool(cfg.options.get("compile")) == bool(s["best"]["settings"].get("compile"))
     assert "| backend | world size | at the shared defaults | at its best | best / defaults | best settings |" in proc.stdout
+
+
+def test_each_backend_tunes_its_own_search_space_from_the_registry_within_the_budget(tmp_path, monkeypatch, capsys):
+    """bench tune --backends ddp,fsdp2,ds_zero2,horovod: every backend's own knobs (Backend.tune_space: DDP's buckets,
+    bucket view and static graph; FSDP2's resharding and grouping; DeepSpeed's buckets; Horovod's fusion threshold and
+    cycle time) are tried, inside the budget, and the report shows each at its default and at its best. The trials
+    are planned for real (bench run's planner) and faked at launch (FakeTrials: 5 s each on a fake clock)."""
+    from bench import cli
+    from bench.plan import sweep as _plan
+
+    from tests.conftest import skip_without
+
+    skip_without("horovod")
+    skip_without("deepspeed")
+    monkeypatch.setattr(_plan, "detect_device", lambda requested: ("cpu", 2))
+    trials = FakeTrials(monkeypatch, [5.0] * 200)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["tune", "--backends", "ddp,fsdp2,ds_zero2,horovod", "--device", "cpu", "--model", "gpt-micro",
+                  "--seq-len", "16", "--batch-size", "2", "--warmup", "2", "--steps", "1", "--windows", "2",
+                  "--budget-s", "400", "--results", str(tmp_path / "raw")])
+    assert e.value.code == 0, capsys.readouterr()
+    [path] = (tmp_path / "raw" / "tune").glob("summary-*.json")
+    doc = json.loads(path.read_text())
+    assert doc["spent_s"] <= 400
+    tried = {b["backend"]: {k for t in b["trials"] for k in t["settings"]} for b in doc["backends"]}
+    own = {"ddp": {"ddp_bucket_mb", "ddp_grad_as_bucket_view", "ddp_static_graph"},
+           "fsdp2": {"fsdp_reshard", "fsdp_blocks_per_group"}, "ds_zero2": {"ds_bucket_mb"},
+           "horovod": {"hvd_fusion_mb", "hvd_cycle_ms"}}
+    for name, knobs in own.items():
+        assert knobs <= tried[name], (name, tried[name])
+        others = set().union(*(v for k, v in own.items() if k != name))
+        assert not (tried[name] & others), (name, tried[name])  # never another backend's knob
+    # the planner gave each trial the backend's knob in its options, as bench run would
+    assert {"fsdp_blocks_per_group": 2} in [{k: v for k, v in c.options.items() if k == "fsdp_blocks_per_group"}
+                                            for c in trials.configs if c.backend == "fsdp2"]
+    with pytest.raises(SystemExit):
+        cli.main(["report", "--results", str(tmp_path / "raw"), "--out", str(tmp_path / "rep")])
+    section = (tmp_path / "rep" / "REPORT.md").read_text().split("## At their best (bench tune)")[1]
+    for name in own:
+        assert f"| {name} | 2 |" in section, name

@@ -37,9 +37,8 @@ from bench.core.errors import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, UsageErro
 
 DEFAULT_BUDGET_S = 600.0
 BATCH_STEPS = 3  # at most 2x, 4x, 8x the default batch (doubling stops at the first that does not win)
-# knob -> the values a user tries besides the default; a backend's own knobs are searched where it declares them
-TRY = {"channels_last": (True,), "ddp_bucket_mb": (5.0, 100.0), "ddp_grad_as_bucket_view": (True,),
-       "ddp_static_graph": (True,), "fsdp_reshard": ("never", "always"), "compile": (True,)}
+# the common settings a user tries besides the default; a backend's own come from it (Backend.tune_space)
+TRY = {"channels_last": (True,), "compile": (True,)}
 COMPILE_EXTRA_S = {"cpu": 60.0, "cuda": 120.0}  # what compiling adds to a run, for the budget's estimate
 # A trial is started only when this many times the slowest ok trial so far (plus what compiling adds) fits in what is
 # left: trials of one backend vary (a doubled batch, a busy machine), and a budget is a promise
@@ -65,8 +64,14 @@ def above(candidate: dict, incumbent: dict) -> bool:
     return bool(candidate.get("ci95") and incumbent.get("ci95")) and candidate["ci95"][0] > incumbent["ci95"][1]
 
 
-def dimensions(knob_keys: set[str], fixed: set[str], device_type: str, kind: str, batch: int) -> list[tuple[str, tuple]]:
-    """What to try, in order: (setting, the values to try besides the default). ``fixed``: settings the user gave."""
+def dimensions(name: str, fixed: set[str], device_type: str, kind: str, batch: int) -> list[tuple[str, tuple]]:
+    """What to try for backend ``name``, in order: (setting, the values to try besides the default): the batch,
+    channels_last, cuDNN's search, then the backend's own search space (``Backend.tune_space``, declared in its file:
+    a new backend brings its own), --compile last. ``fixed``: settings the user gave."""
+    import backends
+
+    backend = backends.create(name)
+    knob_keys = {k.key for k in backend.knobs}
     dims = []
     if "batch_size" not in fixed:
         dims.append(("batch_size", tuple(batch * 2 ** i for i in range(1, BATCH_STEPS + 1))))
@@ -74,7 +79,7 @@ def dimensions(knob_keys: set[str], fixed: set[str], device_type: str, kind: str
         dims.append(("channels_last", TRY["channels_last"]))
     if device_type == "cuda" and "cudnn_benchmark" not in fixed:
         dims.append(("cudnn_benchmark", ("off",)))
-    dims += [(k, TRY[k]) for k in TRY if k in knob_keys and k not in ("channels_last", "compile")]
+    dims += [(k, values) for k, values in backend.tune_space().items() if k in knob_keys]
     if "compile" in knob_keys:
         dims.append(("compile", TRY["compile"]))
     return [(k, v) for k, v in dims if k not in fixed]
@@ -296,7 +301,7 @@ def cmd_tune(args) -> int:
         share = (deadline - time.monotonic()) / (len(todo) - i)  # an even share of what is left (early finishers give)
         unit = f"{workloads.sample_unit(target.to_dict())}/s"
         print(f"tune {name} x{n} ({max(0.0, share):.0f} s of the budget):", flush=True)
-        dims = dimensions({k.key for k in backends.backend_class(name).knobs}, fixed, device_type,
+        dims = dimensions(name, fixed, device_type,
                           target.workload.kind, target.batch_size)
         found = search(dims, measure, share, clock=time.monotonic, first_s=slowest, unit=unit,
                        extra_s=lambda s: COMPILE_EXTRA_S[device_type] if s.get("compile") else 0,

@@ -23,10 +23,11 @@ CPU_DEFAULT_MAX_WORKERS = 4
 # wins; what it leaves out, and the flag that brings each part back, is in the README.
 GPU_SWEEP: dict[str, Any] = {"model": "resnet50,gpt-350m", "workload_batches": {"resnet50": 256}, "repeat": 3,
                               "window_s": 2.0, "windows": 4, "backends": "single,ddp,fsdp2,ds_zero2,ds_zero3",
-                              "channels_last": True, "top_only": True}
+                              "channels_last": True, "top_only": True, "variants_on": ("gpt-350m",)}
 # --quick (make bench QUICK=1): the first look, in 5 minutes on an 8-GPU node: one repetition (so no winner is named
 # by the verdict's rule), three backends, shorter windows
-QUICK: dict[str, Any] = {"repeat": 1, "window_s": 1.0, "windows": 3, "backends": "single,ddp,fsdp2"}
+QUICK: dict[str, Any] = {"repeat": 1, "window_s": 1.0, "windows": 3, "backends": "single,ddp,fsdp2",
+                         "variants_on": ()}
 BF16_FROM = (8, 0)  # the compute capability from which a GPU computes bf16 natively (Ampere)
 
 
@@ -77,6 +78,10 @@ RUN_FLAGS: list[tuple[str | None, list[tuple[str, dict]]]] = [
                                            "order (default 3 on GPUs, 1 on a CPU); the run is the statistical unit"}),
         ("--order-seed", {"type": int, "help": "the seed that shuffles the configurations' order within each "
                                                "repetition (default 0; recorded as order_seed)"}),
+        ("--variants", {"action": "store_true", "help": "also run each backend's labelled variants beside it: FSDP2 and "
+                                                        "DeepSpeed as their libraries recommend (half parameters), the "
+                                                        "hand-written all-reduce bucketed (default on GPUs: on "
+                                                        "gpt-350m)"}),
         ("--cudnn-benchmark", {"choices": tuple(ON_OFF), "help": "torch.backends.cudnn.benchmark on CUDA (default "
                                                                  "on; DataParallel's sweep also runs it off)"}),
         ("--reference", {"action": "store_true", "help": "also run each configuration's plain twin (bench/twins: the "
@@ -177,7 +182,7 @@ def run_defaults(args, quick: bool = False) -> list[str]:
         chosen.pop("windows", None)
     lines, filled = [], []
     for key, value in chosen.items():
-        if key in ("workload_batches", "top_only"):
+        if key in ("workload_batches", "top_only", "variants_on"):
             continue
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -185,6 +190,8 @@ def run_defaults(args, quick: bool = False) -> list[str]:
             lines.append(f"{FLAG_OF.get(key, '--' + key.replace('_', '-'))} {value if value is not True else ''}".strip())
     if device_type == "cuda":
         args.top_only = not args.gpus
+        if "model" in filled:  # the labelled variants (each library's recommended mode) on the workload that needs them
+            args.variants_on = chosen.get("variants_on", ())
         if "model" in filled:
             args.workload_batches = {m: b for m, b in GPU_SWEEP["workload_batches"].items() if not args.batch_size}
     args.defaulted = filled
@@ -354,10 +361,11 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
     defaulted = set(getattr(args, "defaulted", ()) or ())
     drop = {"channels_last"} & defaulted if kind != "vision" else set()
 
-    def add(name, n, precision, cudnn_benchmark, note=None):
+    def add(name, n, precision, cudnn_benchmark, note=None, extra=None):
         backend = backends.create(name)
         options = {k: v for k, v in knobs.options(all_knobs, {k.key for k in backend.knobs}, args).items()
                    if k not in drop}
+        options.update(extra or {})  # a labelled variant's own (Backend.variants)
         cfg = RunConfig(
             backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
             data=args.data, data_dir=args.data_dir, workers=args.workers, loader=args.loader, decode=args.decode,
@@ -408,8 +416,13 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
             if elsewhere:
                 notes.append(elsewhere)
                 continue
+            precision = args.precision or backend.default_precision
             for cudnn_benchmark, note in backend.planned_runs(device_type, n, cudnn):
-                add(name, n, args.precision or backend.default_precision, cudnn_benchmark, note)
+                add(name, n, precision, cudnn_benchmark, note)
+            if getattr(args, "variants", False) or model in (getattr(args, "variants_on", None) or ()):
+                for extra, what, _ in backend.variants(precision):
+                    if all(getattr(args, k, None) in (None, False) for k in extra):  # a knob given: the user's choice
+                        add(name, n, precision, cudnn, f"labelled variant: {what}", extra)
     # Every efficiency cell needs the baseline at world size 1 at the same precision: plan it at every precision that a
     # run which can happen here uses (on CPU an fp16 default is skipped, so no fp16 baseline is planned for it).
     if backends.BASELINE in names and 1 in sizes and args.precision is None:

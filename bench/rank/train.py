@@ -45,6 +45,7 @@ def run(spec: dict) -> None:
     backend.setup(cfg)
     hosts = check_fingerprints(backend, cfg, spec)  # before any timed work: every rank runs the same thing
     binding = affinity.bind(backend.devices(), spec.get("bind_cpus", True))  # near its GPU (bench/rank/affinity.py)
+    departures = backend.departures(cfg)  # where it departs from its library's defaults (docs/backends.md, The rule)
     fault.install(backend)
     backend.batches = data.batches_for(cfg, backend)
     waited = getattr(backend.batches, "wait_seconds", None) is not None  # real data: time the input waits
@@ -156,7 +157,7 @@ def run(spec: dict) -> None:
     if backend.rank == 0:
         record = build_record(cfg, spec, gathered, SETTLE_STEPS, measured_peak)
         record.update(hosts=hosts, launched_by=spec.get("launched_by"), windows_wall_span=timed["wall_span"],
-                      gc_policy=gc_policy, window_sizing=sizing,
+                      gc_policy=gc_policy, window_sizing=sizing, departures=departures,
                       compute_only_wall_span=compute_only and compute_only["wall_span"], **host_bound(gathered))
         results.save(record, spec["results_dir"])
     backend.barrier()  # nobody tears the process group down while rank 0 still needs it

@@ -50,6 +50,38 @@ def comm_table(ok: list[dict], unit: str) -> list[str]:
                      {1, 3, 4, 5, 6, 7, 8}), ""]
 
 
+MANUAL = "allreduce_manual"
+
+
+def overlap_table(ok: list[dict], unit: str) -> list[str]:
+    """What DDP's buckets and overlap buy, at each world size and precision where the hand-written all-reduce ran both
+    ways beside ``ddp``: per tensor against bucketed is the launch overhead of many small collectives, bucketed against
+    ddp what overlapping them with the backward buys (bench run --variants plans the bucketed one)."""
+    at: dict[tuple, dict] = {}
+    for r in ok:
+        if not r["global_img_s"] or r["world_size"] < 2:
+            continue
+        which = ("naive" if r.get("mode", "default") == "default" else "bucketed") if r["backend"] == MANUAL else \
+            "ddp" if r["backend"] == "ddp" and r.get("options") in (None, "{}", {}) else None
+        if which:
+            at.setdefault((r["world_size"], r["precision"]), {})[which] = r
+    rows = []
+    for (n, precision), got in sorted(at.items()):
+        if len(got) < 3:
+            continue
+        naive, bucketed, ddp = (got[k]["global_img_s"] for k in ("naive", "bucketed", "ddp"))
+        rows.append([n, precision, fmt(naive, rate(got["ddp"])), fmt(bucketed, rate(got["ddp"])),
+                     fmt(ddp, rate(got["ddp"])), f"{100 * (1 - naive / ddp):.1f} %",
+                     f"{100 * (1 - naive / bucketed):.1f} %", f"{100 * (1 - bucketed / ddp):.1f} %"])
+    if not rows:
+        return []
+    return ["**What DDP's buckets and overlap buy** (the hand-written all-reduce after backward, one collective per "
+            "gradient tensor, then the same gradients in DDP-sized buckets, against `ddp`; medians of the runs)", "",
+            md_table([unit, "precision", "hand-written, per tensor", "hand-written, bucketed", "ddp",
+                      "gap to ddp", "of it: launch overhead (per tensor vs bucketed)",
+                      "of it: overlap (bucketed vs ddp)"], rows, {0, 2, 3, 4, 5, 6, 7}), ""]
+
+
 def hardware_table(ok: list[dict], unit: str) -> list[str]:
     if not any(r.get("flops_per_sample") for r in ok):
         return []

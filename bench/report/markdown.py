@@ -98,6 +98,7 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
                    efficiency_table(ok, unit), "", "**3. Memory** (timed-window peak per GPU, or per rank on CPU, after warm-up; warm-up's own peak "
                    "in the last column; every ok run)" + (f". {MEMORY_WORDS}" if device == "cuda" else ""), "",
                    memory_table(ok, device), ""] + eval_table(ok, label) + comm.comm_table(ok, unit) \
+                + comm.overlap_table(ok, unit) \
                 + comm.hardware_table(ok, unit) + reference.twin_table(ok) + reference.compile_table(ok) + notes(ok) \
                 + caution.section(ok)
             plots += comm.plot_split(ok, stem, f"{title} · {hw} ({device})", unit)

@@ -72,4 +72,24 @@ def section(summary_rows: list[dict]) -> list[str]:
             "Library defaults differ between backends and tilt a comparison, so the suite sets them on purpose and "
             "records them (`backend_info`). Gradients are reduced in fp32 unless a knob asks for compression. "
             "— : the backend has no such setting.", "",
-            md_table(["backend", "precision", *(c for c, _ in COLUMNS)], rows), ""]
+            md_table(["backend", "precision", *(c for c, _ in COLUMNS)], rows), ""] + departures(summary_rows)
+
+
+def departures(summary_rows: list[dict]) -> list[str]:
+    """Where a backend departed from its library's default (the record's ``departures``), and why: the reason in its
+    registry entry (backends/__init__.py ``departs``), or a knob asked for it (the run's options)."""
+    import backends
+
+    seen: dict[tuple, list] = {}
+    for r in sort_rows([r for r in summary_rows if r["runs_ok"]]):
+        for rec in r["_recs"]:
+            for setting, d in ((rec.get("departures") or {}) if rec.get("status") == "ok" else {}).items():
+                why = backends.departs(r["backend"]).get(setting) if r["backend"] in backends.REGISTRY else None
+                seen.setdefault((label(r), setting), [str(d.get("library")), str(d.get("ours")),
+                                                      why or "asked for on the command line (the run's options)"])
+    if not seen:
+        return []
+    return ["The rule (docs/backends.md): every backend runs as its library ships it, except where a default would "
+            "make the comparison measure something other than the backend. Where one departs, and why:", "",
+            md_table(["backend", "setting", "library's default", "this run", "why"],
+                     [[name, setting, *cells] for (name, setting), cells in seen.items()]), ""]

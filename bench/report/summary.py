@@ -78,7 +78,8 @@ def summarise(recs: list[dict]):
                    memory_imbalance=worst(VERDICT_IMBALANCE) if any(dev) else worst("rss"),
                    memory_imbalance_reserved=worst("reserved"), memory_imbalance_nvml=worst("nvml"),
                    skipped_steps=sum(sum(r.get("skipped_steps") or []) for r in ok), _recs=group, _samples=samples,
-                   numerics=numerics(ok), runs_disturbed=sum(bool(r.get("disturbed")) for r in ok))
+                   numerics=numerics(ok), runs_disturbed=sum(bool(r.get("disturbed")) for r in ok),
+                   mode=mode(key, group[-1]))
         row.update(hardware_fields(ok, row["global_img_s"], row["world_size"]))
         row.update(reference.config_fields(ok))  # the plain twin, --compile's figures, the attention kernel
         rows.append(row)
@@ -104,6 +105,23 @@ def imbalances(dev: list[dict], rec: dict) -> dict:
     if not dev:
         return {"rss": stats.imbalance(rec.get("host_peak_rss_bytes") or [])}
     return {k: stats.imbalance([m[k] for m in dev]) for k in IMBALANCE_WORDS}
+
+
+def mode(key: tuple, rec: dict) -> str:
+    """Whether a configuration is its backend's default ("default"), a labelled variant of it ("variant": another version
+    of the same idea, computing the same), or its library's recommended mode ("recommended": FSDP2 as torchtitan runs
+    it, DeepSpeed's own half sections), by the options its backend's ``variants`` plan (backends/base.py)."""
+    import backends
+    from bench.core import results
+
+    row = dict(zip(results.CONFIG_KEYS, key))
+    if row["backend"] not in backends.REGISTRY:
+        return "default"
+    options = rec.get("options") or {}
+    for extra, _, recommended in backends.create(row["backend"]).variants(row["precision"]):
+        if all(options.get(k) == v for k, v in extra.items()):
+            return "recommended" if recommended else "variant"
+    return "default"
 
 
 def drift_pct(run_medians: list[float]) -> float | None:

@@ -188,97 +188,133 @@ def verdicts(rows: list[dict]) -> list[dict]:
     keyed = [{**r, "_group": tuple(r[k] for k in GROUP) + (r.get("nnodes") or 1,)} for r in rows]
     drifts = baseline_drifts(rows)
     out = []
-    for _, g in sorted(groups(keyed, ("_group",)), key=lambda kv: (kv[1][0]["device_type"] != "cuda", str(kv[0]))):
-        ok = sorted([r for r in g if r["runs_ok"] and r["global_img_s"]], key=lambda r: -r["global_img_s"])
-        not_ok = sort_rows([r for r in g if not r["runs_ok"]])
-        if not ok:
-            continue
-        best, rest = ok[0], ok[1:]
-        unlike = [r for r in rest if differs(r, best)]  # another arithmetic, not another backend's speed
-        tied = [best] + [r for r in rest if overlap(r, best)]
-        across_runs = all(r["interval"] != WITHIN_RUN for r in ok)  # within-run intervals miss the run-to-run spread
-        disturbed = [r for r in ok if r.get("runs_disturbed")]  # another process used the machine while timed
-        lead = gap(rest[0], best)[0] if rest else None  # how much slower the second is than the fastest
-        drift = drifts.get(tuple(best[k] for k in BASELINE_KEY))
-        small = lead is not None and lead < WINNER_MIN_LEAD
-        drifted = lead is not None and drift is not None and 100 * lead < drift
-        v = {"title": title(best), "hardware": best["hardware"],
-             "established": len(tied) == 1 and bool(rest) and across_runs and not disturbed and not unlike
-             and not small and not drifted,
-             "best": label(best), "evidence": [], "alternatives": [], "short": None,
-             "drift": None if drift is None else (f"{BASELINE}@1's repetitions drifted {drift:.1f}% (slowest run to "
-                                                  "fastest, of their median)")}
-        fastest = f"{label(best)} ({best['global_img_s']:,.1f} {rate(best)}), {margin(best, rest[0])}" if rest else ""
-        if not rest:  # nothing to compare: no line on the first screen
-            v["headline"] = f"Only {label(best)} ran here: nothing to compare it with."
-            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
-        elif disturbed:
-            runs = sum(r["runs_disturbed"] for r in disturbed)
-            v["short"] = (f"No winner: {runs} of {sum(r['runs_ok'] for r in ok)} runs disturbed; fastest by the medians "
-                          f"{fastest}.")
-            v["headline"] = (f"No winner established: {runs} run{'s' if runs > 1 else ''} of "
-                             f"{', '.join(label(r) for r in disturbed)} {'were' if runs > 1 else 'was'} disturbed "
-                             "(other processes used the machine while they were timed), so "
-                             f"{'their' if runs > 1 else 'its'} figures are not to be believed; fastest by the "
-                             f"medians: {label(best)}. Re-run on a quiet machine (`bench run --wait-quiet-s`).")
-            v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
-        elif unlike:
-            v["headline"] = (f"No like-for-like winner: the fastest, {label(best)}, computes {numerics_diff(best, unlike[0])} "
-                             f"where {', '.join(label(r) for r in unlike)} "
-                             f"{'compute' if len(unlike) > 1 else 'computes'} {numerics_diff(unlike[0], best)}: "
-                             "different arithmetic at the same precision flag (docs/measuring.md, Numerics), so its "
-                             "speed is not the backend's alone; compare backends that compute alike.")
-            v["short"] = (f"No like-for-like winner: the fastest, {fastest}, computes "
-                          f"{numerics_diff(best, unlike[0])}, unlike {', '.join(label(r) for r in unlike)}.")
-            v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
-        elif len(tied) == 1 and not across_runs:
-            v["headline"] = (f"Fastest here: {label(best)}, but no winner established: with one run per configuration "
-                             "the 95% intervals are within-run only and miss the run-to-run spread "
-                             "(repeat with `bench run --repeat 3`).")
-            once = [label(r) for r in ok if r["interval"] == WITHIN_RUN]
-            v["short"] = (f"No winner: {'one run each' if len(once) == len(ok) else 'one run of ' + ', '.join(once)}, "
-                          f"whose within-run interval misses the run-to-run spread (`--repeat 3`); fastest {fastest}.")
-            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
-        elif len(tied) == 1 and drifted:
-            v["headline"] = (f"Fastest here: {label(best)}, but no winner established: {v['drift']}, more than the "
-                             f"{100 * lead:.1f}% between it and {label(rest[0])}: the difference may be the machine's "
-                             "drift over the sweep, not the backends'.")
-            v["short"] = (f"No winner: {BASELINE}@1 drifted {drift:.1f}% over its repetitions, more than the "
-                          f"{100 * lead:.1f}% lead; fastest {fastest}.")
-            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
-        elif len(tied) == 1 and small:
-            v["headline"] = (f"Fastest here: {label(best)}, {100 * lead:.1f}% ahead of {label(rest[0])} beyond the 95% "
-                             f"intervals, but under the {100 * WINNER_MIN_LEAD:.0f}% a verdict needs to name a winner: "
-                             "choose between them on memory or convenience.")
-            v["short"] = (f"No winner: {label(best)} leads by {100 * lead:.1f}%, under the {100 * WINNER_MIN_LEAD:.0f}% "
-                          f"a winner needs; fastest {fastest}.")
-            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
-        elif len(tied) == 1:
-            v["headline"] = f"Use {label(best)}: faster than every alternative beyond the 95% intervals."
-            v["short"] = f"Use {fastest}."
-            v["evidence"] = [f"{label(best)}: {evidence(best)}"]
-        else:
-            names = ", ".join(label(r) for r in tied)
-            v["headline"] = (f"No winner established: the 95% intervals of {names} overlap, so their difference is "
-                             "not established (choose among them on memory or convenience, or repeat with more runs).")
-            v["short"] = f"No winner: {names} are within noise of each other; fastest by the medians {fastest}."
-            v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
-        v["alternatives"] = [f"{label(r)}: {cost(r, best)}"
-                             + (f"; computes {numerics_diff(r, best)} (not like with like)" if differs(r, best) else "")
-                             for r in rest]
-        v["alternatives"] += [f"{label(r)}: {r['status']} ({r['reason'] or 'no reason recorded'})" for r in not_ok]
-        caveats = []
-        if best["device_type"] == "cpu":
-            caveats.append("CPU worker processes over gloo: this says which backend is fastest on this CPU, nothing "
-                           "about which to use on GPUs.")
-        if any(r["interval"] == WITHIN_RUN for r in ok):
-            caveats.append("Some intervals are within-run only (one run each): they understate the uncertainty; "
-                           "`bench run --repeat 3` measures the run-to-run spread.")
-        if caveats:
-            v["caveat"] = " ".join(caveats)
-        v["harness"] = reference.verdict_lines(ok)  # bench run --reference: the harness against its plain twin
-        out.append(v)
+    for _, whole in sorted(groups(keyed, ("_group",)), key=lambda kv: (kv[1][0]["device_type"] != "cuda", str(kv[0]))):
+        for suffix, g, recommended in modes(whole):
+            v = group_verdict(g, drifts, recommended)
+            if v is not None:
+                v["title"] += suffix
+                out.append(v)
     return out
+
+
+LIKE = " — like with like (every backend computes what single computes)"
+RECOMMENDED = " — as each library recommends"
+
+
+def modes(g: list[dict]) -> list[tuple[str, list[dict], bool]]:
+    """The verdicts of one group: one, or two where a backend ran its library's recommended mode beside its default
+    (summary ``mode``): like with like (the defaults and the labelled variants that compute the same), and as each
+    library recommends (each backend's recommended mode where it has one, its default otherwise)."""
+    if not any(r.get("mode") == "recommended" for r in g):
+        return [("", g, False)]
+    with_rec = {r["backend"] for r in g if r.get("mode") == "recommended"}
+    like = [r for r in g if r.get("mode") != "recommended"]
+    rec = [r for r in g if r.get("mode") == "recommended" or
+           (r["backend"] not in with_rec and r.get("mode", "default") == "default")]
+    return [(LIKE, like, False), (RECOMMENDED, rec, True)]
+
+
+def group_verdict(g: list[dict], drifts: dict, recommended: bool = False) -> dict | None:
+    """The verdict of one group's rows (``recommended``: the libraries' recommended modes, whose arithmetic differs on
+    purpose: said, not held against a winner); None where nothing ran."""
+    ok = sorted([r for r in g if r["runs_ok"] and r["global_img_s"]], key=lambda r: -r["global_img_s"])
+    not_ok = sort_rows([r for r in g if not r["runs_ok"]])
+    if not ok:
+        return None
+    best, rest = ok[0], ok[1:]
+    # another arithmetic, not another backend's speed; in the recommended mode on purpose, and said below
+    unlike = [] if recommended else [r for r in rest if differs(r, best)]
+    tied = [best] + [r for r in rest if overlap(r, best)]
+    across_runs = all(r["interval"] != WITHIN_RUN for r in ok)  # within-run intervals miss the run-to-run spread
+    disturbed = [r for r in ok if r.get("runs_disturbed")]  # another process used the machine while timed
+    lead = gap(rest[0], best)[0] if rest else None  # how much slower the second is than the fastest
+    drift = drifts.get(tuple(best[k] for k in BASELINE_KEY))
+    small = lead is not None and lead < WINNER_MIN_LEAD
+    drifted = lead is not None and drift is not None and 100 * lead < drift
+    v = {"title": title(best), "hardware": best["hardware"],
+         "established": len(tied) == 1 and bool(rest) and across_runs and not disturbed and not unlike
+         and not small and not drifted,
+         "best": label(best), "evidence": [], "alternatives": [], "short": None,
+         "drift": None if drift is None else (f"{BASELINE}@1's repetitions drifted {drift:.1f}% (slowest run to "
+                                              "fastest, of their median)")}
+    fastest = f"{label(best)} ({best['global_img_s']:,.1f} {rate(best)}), {margin(best, rest[0])}" if rest else ""
+    if not rest:  # nothing to compare: no line on the first screen
+        v["headline"] = f"Only {label(best)} ran here: nothing to compare it with."
+        v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+    elif disturbed:
+        runs = sum(r["runs_disturbed"] for r in disturbed)
+        v["short"] = (f"No winner: {runs} of {sum(r['runs_ok'] for r in ok)} runs disturbed; fastest by the medians "
+                      f"{fastest}.")
+        v["headline"] = (f"No winner established: {runs} run{'s' if runs > 1 else ''} of "
+                         f"{', '.join(label(r) for r in disturbed)} {'were' if runs > 1 else 'was'} disturbed "
+                         "(other processes used the machine while they were timed), so "
+                         f"{'their' if runs > 1 else 'its'} figures are not to be believed; fastest by the "
+                         f"medians: {label(best)}. Re-run on a quiet machine (`bench run --wait-quiet-s`).")
+        v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
+    elif unlike:
+        v["headline"] = (f"No like-for-like winner: the fastest, {label(best)}, computes {numerics_diff(best, unlike[0])} "
+                         f"where {', '.join(label(r) for r in unlike)} "
+                         f"{'compute' if len(unlike) > 1 else 'computes'} {numerics_diff(unlike[0], best)}: "
+                         "different arithmetic at the same precision flag (docs/measuring.md, Numerics), so its "
+                         "speed is not the backend's alone; compare backends that compute alike.")
+        v["short"] = (f"No like-for-like winner: the fastest, {fastest}, computes "
+                      f"{numerics_diff(best, unlike[0])}, unlike {', '.join(label(r) for r in unlike)}.")
+        v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
+    elif len(tied) == 1 and not across_runs:
+        v["headline"] = (f"Fastest here: {label(best)}, but no winner established: with one run per configuration "
+                         "the 95% intervals are within-run only and miss the run-to-run spread "
+                         "(repeat with `bench run --repeat 3`).")
+        once = [label(r) for r in ok if r["interval"] == WITHIN_RUN]
+        v["short"] = (f"No winner: {'one run each' if len(once) == len(ok) else 'one run of ' + ', '.join(once)}, "
+                      f"whose within-run interval misses the run-to-run spread (`--repeat 3`); fastest {fastest}.")
+        v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+    elif len(tied) == 1 and drifted:
+        v["headline"] = (f"Fastest here: {label(best)}, but no winner established: {v['drift']}, more than the "
+                         f"{100 * lead:.1f}% between it and {label(rest[0])}: the difference may be the machine's "
+                         "drift over the sweep, not the backends'.")
+        v["short"] = (f"No winner: {BASELINE}@1 drifted {drift:.1f}% over its repetitions, more than the "
+                      f"{100 * lead:.1f}% lead; fastest {fastest}.")
+        v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+    elif len(tied) == 1 and small:
+        v["headline"] = (f"Fastest here: {label(best)}, {100 * lead:.1f}% ahead of {label(rest[0])} beyond the 95% "
+                         f"intervals, but under the {100 * WINNER_MIN_LEAD:.0f}% a verdict needs to name a winner: "
+                         "choose between them on memory or convenience.")
+        v["short"] = (f"No winner: {label(best)} leads by {100 * lead:.1f}%, under the {100 * WINNER_MIN_LEAD:.0f}% "
+                      f"a winner needs; fastest {fastest}.")
+        v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+    elif len(tied) == 1:
+        v["headline"] = f"Use {label(best)}: faster than every alternative beyond the 95% intervals."
+        v["short"] = f"Use {fastest}."
+        v["evidence"] = [f"{label(best)}: {evidence(best)}"]
+    else:
+        names = ", ".join(label(r) for r in tied)
+        v["headline"] = (f"No winner established: the 95% intervals of {names} overlap, so their difference is "
+                         "not established (choose among them on memory or convenience, or repeat with more runs).")
+        v["short"] = f"No winner: {names} are within noise of each other; fastest by the medians {fastest}."
+        v["evidence"] = [f"{label(r)}: {evidence(r)}" for r in tied]
+    v["alternatives"] = [f"{label(r)}: {cost(r, best)}"
+                         + (f"; computes {numerics_diff(r, best)} (not like with like)" if differs(r, best) else "")
+                         for r in rest]
+    v["alternatives"] += [f"{label(r)}: {r['status']} ({r['reason'] or 'no reason recorded'})" for r in not_ok]
+    caveats = []
+    if best["device_type"] == "cpu":
+        caveats.append("CPU worker processes over gloo: this says which backend is fastest on this CPU, nothing "
+                       "about which to use on GPUs.")
+    if any(r["interval"] == WITHIN_RUN for r in ok):
+        caveats.append("Some intervals are within-run only (one run each): they understate the uncertainty; "
+                       "`bench run --repeat 3` measures the run-to-run spread.")
+    if caveats:
+        v["caveat"] = " ".join(caveats)
+    v["harness"] = reference.verdict_lines(ok)  # bench run --reference: the harness against its plain twin
+    if recommended:  # what the recommended modes compute differently from the like-with-like runs
+        plain = next((r for r in ok if r.get("mode") != "recommended" and r.get("numerics")), None)
+        v["computes"] = [f"{label(r)} computes {numerics_diff(r, plain)} (as its library recommends)"
+                         for r in ok if r.get("mode") == "recommended" and plain and differs(r, plain)]
+        if v["computes"]:
+            v["caveat"] = " ".join(filter(None, [v.get("caveat"), "Not like with like: " + "; ".join(v["computes"])
+                                                 + ". Whether both modes train equally well is what "
+                                                   "`bench run --to-accuracy` shows."]))
+    return v
 
 
 CPU_LINE = ("CPU worker processes over gloo: this says which backend is fastest on this CPU, nothing about which to "

@@ -315,3 +315,50 @@ def test_deepspeed_autocast_reduces_every_gradient_in_fp32(two_ranks):
             "buckets": ["torch.float32"], "grad_reduce_dtype": "float32", "param_dtype": "float32",
             "autocast_dtype": "bfloat16", "optimizer_impl": "fused",
             "checksum": two_ranks[0]["ds_zero2"]["autocast"]["checksum"]}
+
+
+# -- the rule: every backend runs as its library ships it, or says why (docs/backends.md, "The rule") ----------------
+
+def _default_configs(name: str):
+    backend = backends.create(name)
+    for world_size in (1, 2):
+        for precision in ("fp32", "bf16"):
+            yield RunConfig(backend=name, launcher=backend.launcher, world_size=world_size, device_type="cpu",
+                            model="gpt-micro", image_size=None, seq_len=16, batch_size=2, warmup=2, steps=1, windows=1,
+                            precision=precision).validate()
+
+
+@pytest.mark.slow  # imports DeepSpeed and Horovod to read their defaults: seconds of CPU, nothing launched
+@pytest.mark.parametrize("name", backends.names())
+def test_every_departure_from_a_library_default_has_its_reason_in_the_registry(name):
+    """Each backend's settings (what it hands its library, ``library_settings``) against the library's own defaults
+    (``library_defaults``, read from the library's signatures and configuration classes) at its default configuration:
+    every setting that differs is named in its registry entry with a reason, and every reason there is for a setting
+    that still differs (a reason left behind by a change would explain nothing)."""
+    from tests.conftest import skip_without
+
+    if name == "horovod":
+        skip_without("horovod")
+    if name.startswith("ds_zero"):
+        skip_without("deepspeed")
+    departed = set()
+    for cfg in _default_configs(name):
+        departed |= set(backends.create(name).departures(cfg))
+    reasons = backends.departs(name)
+    assert departed <= set(reasons), (f"{name} departs from its library's default without a reason in "
+                                      f"backends/__init__.py: {sorted(departed - set(reasons))}")
+    assert set(reasons) <= departed, (f"{name}'s registry gives reasons for settings at their library's default: "
+                                      f"{sorted(set(reasons) - departed)}")
+    assert all(len(why) > 20 for why in reasons.values()), reasons
+
+
+def test_ddp_and_horovod_run_at_their_libraries_defaults():
+    """The rule's plainest case, read without a library: DDP hands DistributedDataParallel only what a knob asks."""
+    ddp = backends.create("ddp")
+    cfg = next(_default_configs("ddp"))
+    assert ddp.library_settings(cfg) == {"bucket_cap_mb": None, "static_graph": False, "gradient_as_bucket_view": False,
+                                         "find_unused_parameters": False}
+    assert ddp.departures(cfg) == {} and backends.departs("ddp") == {} and backends.departs("horovod") == {}
+    asked = RunConfig(**{**cfg.to_dict(), "options": {"ddp_bucket_mb": 5.0, "ddp_static_graph": True}})
+    assert ddp.departures(asked) == {"bucket_cap_mb": {"library": None, "ours": 5.0},
+                                     "static_graph": {"library": False, "ours": True}}
