@@ -342,7 +342,7 @@ def test_bench_run_on_cuda_plans_watches_and_launches_up_to_the_first_cuda_kerne
     raw = tmp_path / "raw"
     proc = bench_inproc("run", "--device", "cuda", "--backends", "ddp", "--gpus", "2", "--model", "resnet18",
                         "--image-size", "32", "--batch-size", "2", "--warmup", "2", "--steps", "1", "--windows", "2",
-                        "--results", raw, "--timeout", "300", "--no-bind")
+                        "--repeat", "1", "--results", raw, "--timeout", "300", "--no-bind")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the run failed in its ranks, not in the harness
     [(cmd, env)] = launched
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -479,7 +479,7 @@ def test_each_launcher_s_command_and_environment_on_a_cuda_machine(monkeypatch, 
     names = ["single", "dp", "ddp", "ddp_spawn"]
     proc = bench_inproc("run", "--device", "cuda", "--backends", ",".join(names), "--gpus", "1,2", "--model",
                         "resnet18", "--image-size", "32", "--batch-size", "2", "--warmup", "2", "--steps", "1",
-                        "--windows", "1", "--results", tmp_path / "raw")
+                        "--windows", "1", "--repeat", "1", "--results", tmp_path / "raw")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     py = sys.executable
     expected = {

@@ -545,7 +545,8 @@ def test_the_sweep_interleaves_the_twins_and_every_record_names_its_own(sweep):
     assert len(recs) == 6 and len(twins) == 3 and all(t["status"] == "ok" for t in twins)
     order = sorted([(r["env"]["started_at"], r["run_id"], r.get("backend", "twin")) for r in recs + twins])
     # twins start only after the previous run ended: started_at (seconds) orders them; ties keep the run id's order
-    assert [name for *_, name in order] == ["twin", "single", "dp", "single", "dp", "twin", "twin", "single", "dp"]
+    # the first repetition as planned, the second turned so it neither starts nor ends as the first, the third again
+    assert [name for *_, name in order] == ["twin", "single", "dp", "dp", "single", "twin", "twin", "single", "dp"]
     by_rep = {t["repeat_index"]: t for t in twins}
     for rec in recs:
         ref = rec["reference"]
@@ -565,7 +566,7 @@ def test_the_first_run_measures_the_matmul_peak_and_every_later_run_reuses_it(sw
     from backends.models.flops import flops_per_sample
 
     tmp, _ = sweep
-    recs = sorted(records(tmp / "raw"), key=lambda r: r["run_id"])
+    recs = sorted(records(tmp / "raw"), key=lambda r: (r["repeat_index"], r["order_index"]))  # the sweep's order
     entries = list((tmp / "peak").glob("*.json"))
     assert len(entries) == 1 and "1threads" in entries[0].name and "-fp32-" in entries[0].name
     entry = json.loads(entries[0].read_text())

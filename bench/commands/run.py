@@ -179,9 +179,10 @@ def plan_line(items: list, seconds: list[float], chosen: list[str]) -> str:
     twins = len(items) - len(runs)
     models = list(dict.fromkeys(c.model for c in runs))
     reps = max((c.repeats for c in runs), default=1)
-    shape = (f"{len(models)} workload{'s' if len(models) != 1 else ''} ({', '.join(models)}), "
-             f"{reps} repetition{'s' if reps != 1 else ''} in an order shuffled per repetition "
+    order = ("1 repetition in the planned order" if reps == 1 else
+             f"{reps} repetitions, the first in the planned order, the rest shuffled "
              f"(--order-seed {runs[0].order_seed if runs else 0})")
+    shape = f"{len(models)} workload{'s' if len(models) != 1 else ''} ({', '.join(models)}), {order}"
     line = (f"plan: {len(runs)} run{'s' if len(runs) != 1 else ''}"
             + (f" and {twins} plain twin{'s' if twins != 1 else ''}" if twins else "")
             + f": {shape}; about {estimate.duration(sum(seconds))} by the estimate (bench/plan/estimate.py)")

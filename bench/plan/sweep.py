@@ -363,8 +363,11 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
 
     def add(name, n, precision, cudnn_benchmark, note=None, extra=None):
         backend = backends.create(name)
-        options = {k: v for k, v in knobs.options(all_knobs, {k.key for k in backend.knobs}, args).items()
-                   if k not in drop}
+        honours = {k.key for k in backend.knobs}
+        # nor a backend's that cannot honour it (dp: its replicas' weights are contiguous): it runs as it can, and its
+        # record's options say so; a channels_last given on the command line still skips it, with the reason
+        options = {k: v for k, v in knobs.options(all_knobs, honours, args).items()
+                   if k not in drop and not (k in defaulted and k not in honours)}
         options.update(extra or {})  # a labelled variant's own (Backend.variants)
         cfg = RunConfig(
             backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
@@ -547,12 +550,13 @@ def workload_flops(model: str, image_size: int | None, seq_len: int | None = Non
 
 def interleave(configs: list[RunConfig], repeats: int, seed: int | None = None,
                shuffle: bool = True) -> list[RunConfig]:
-    """Every configuration once, then again, ``repeats`` times, each repetition in an order of its own: the
-    configurations shuffled (``random.Random``, by ``seed`` and the repetition: the same seed gives the same sweep), then
-    turned so that a repetition neither starts nor ends with the configuration the one before did. Slow drift (clocks,
-    heat, neighbours) then hits all configurations alike instead of whichever always ran first or last (``single@1``,
-    the baseline of every efficiency, always ran first). Each run records ``order_seed`` and its ``order_index``.
-    ``shuffle=False``: the planned order in every repetition (--to-accuracy's runs, which time no windows)."""
+    """Every configuration once, then again, ``repeats`` times, each repetition in an order of its own: the first in
+    the planned order (the one --plan prints and the user typed), each later one shuffled (``random.Random``, by
+    ``seed`` and the repetition: the same seed gives the same sweep), then turned so that it neither starts nor ends
+    with the configuration the one before did. Slow drift (clocks, heat, neighbours) then hits all configurations alike
+    instead of whichever always ran first or last (``single@1``, the baseline of every efficiency, always ran first).
+    Each run records ``order_seed`` and its ``order_index``. ``shuffle=False``: the planned order in every repetition
+    (--to-accuracy's runs, which time no windows)."""
     import dataclasses
     import random
 
@@ -560,7 +564,7 @@ def interleave(configs: list[RunConfig], repeats: int, seed: int | None = None,
     out, before = [], None
     for r in range(1, repeats + 1):
         order = list(range(len(configs)))
-        if shuffle:
+        if shuffle and r > 1:
             random.Random(f"{seed}-{r}").shuffle(order)
         if shuffle and before is not None and len(order) > 1:
             turns = [order[k:] + order[:k] for k in range(len(order))]

@@ -99,7 +99,8 @@ def test_ddp_knobs_are_applied_and_recorded_and_others_skip_with_the_reason():
     assert recs["fsdp2"]["status"] == "skipped"
     assert recs["fsdp2"]["reason"] == ("fsdp2 cannot honour --ddp-bucket-mb, --ddp-comm-hook, "
                                        "--ddp-grad-as-bucket-view, --ddp-static-graph (it honours: "
-                                       "--activation-checkpointing, --channels-last, --compile, --fsdp-mp, --fsdp-reshard, "
+                                       "--activation-checkpointing, --channels-last, --compile, "
+                                       "--fsdp-blocks-per-group, --fsdp-mp, --fsdp-reshard, "
                                        "--optimizer-impl)")
 
 
