@@ -166,10 +166,12 @@ coverage: install
 # One command that proves a GPU machine (docs/gpu-machine.md): the launch plan (every backend at bf16 and fp16, fp32
 # through bench verify, 2 ranks, the single-purpose runs; several launches at once), the gpu tests on its records, one
 # table and the verdict, in 420 s (with `make venv`, 8 minutes on one GPU). It builds no Horovod (minutes of compiling:
-# its row says "not built" unless a build is already there). FULL=1: Horovod built first, then also the measured sweep
-# of every backend at fp32, bf16 and fp16, and the make baseline command for this GPU. Offline: add TORCH=system WHEELS=DIR.
+# its row says "not built" unless a build is already there). FULL=1, 600 s: Horovod (with NCCL) compiled beside the
+# plan's first launches where it is not built (its launches wait for it; BUILD_JOBS, WHEELS pass through), the measured
+# sweep of the default backends and Horovod, and the make baseline command for this GPU; the estimate is printed first.
+# Offline: add TORCH=system WHEELS=DIR.
 FULL ?=
-gpu-check: venv $(if $(FULL),horovod)
+gpu-check: venv
 	$(PY) -m bench doctor $(if $(FULL),--full) $(ARGS)
 
 # Regression gate (docs/regression-gate.md). A fixed, short configuration on every device, compared with

@@ -483,6 +483,35 @@ def test_baseline_name_from_records(tmp_path, capsys):
     assert baseline.slug("CPU: Intel(R) Xeon(R) Processor @ 2.80GHz") == "CPU-Intel-R-Xeon-R-Processor-2.80GHz"
 
 
+def test_a_gpu_baseline_is_named_for_its_gpu_and_keeps_its_driver_and_torch(tmp_path, capsys, monkeypatch):
+    """Issue 63: on a machine of one H200 (fake), `make baseline` and `make regress` and the GPU workflow all name
+    results/baselines/NVIDIA-H200-x1.json: the name `bench baseline name` gives the machine is the one `bench baseline
+    save` gives that machine's records, and the file says which driver, CUDA and torch its numbers came from."""
+    from tests.fake_gpu import FakeGpu, FakeGpuMachine
+
+    FakeGpuMachine([FakeGpu(name="NVIDIA H200")]).install(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["baseline", "name", "--max-gpus", "all", "--dir", str(tmp_path / "none")])
+    assert e.value.code == 0 and capsys.readouterr().out == "NVIDIA-H200-x1\n"
+    h200 = dict(gpu="NVIDIA H200", world_size=1, backend="single", driver="580.159.04", torch="2.11.0+cu130",
+                cuda="13.0", machine=QUIET, disturbed=False, disturbed_reasons=[])
+    raw = write(tmp_path / "raw", record(windows(1), **h200), record(windows(2), **{**h200, "backend": "ddp"}))
+    out_dir = tmp_path / "results" / "baselines"
+    code, out, err = save(capsys, "--from", raw, "--out-dir", out_dir)
+    path = out_dir / "NVIDIA-H200-x1.json"
+    assert (code, err) == (0, "") and path.exists()
+    doc = json.loads(path.read_text())
+    assert doc["hardware"] == ["NVIDIA H200"] and doc["environment"] == {
+        "driver": ["580.159.04"], "cuda": ["13.0"], "torch": ["2.11.0+cu130"], "nccl": ["2.20.5"], "cudnn": ["90100"]}
+    assert ("on NVIDIA H200 (driver 580.159.04, cuda 13.0, torch 2.11.0+cu130, nccl 2.20.5, cudnn 90100)"
+            in out), out
+    # where make regress and the workflow look for it: results/baselines/<bench baseline name>.json
+    makefile = (REPO / "Makefile").read_text()
+    assert "base=results/baselines/$$name.json" in makefile and "bench baseline name --max-gpus $(GPUS)" in makefile
+    workflow = (REPO / ".github" / "workflows" / "gpu-regression.yml").read_text()
+    assert 'bench baseline name --max-gpus all)}"' in workflow and 'file="results/baselines/$name.json"' in workflow
+
+
 # ---------------------------------------------------------------------------------------------------
 # End to end: two real CPU runs of one configuration pass the gate.
 

@@ -155,7 +155,7 @@ def test_a_launch_its_command_would_refuse_as_nothing_to_run_is_known_before_it_
     assert gpu_plan.skip_reason(plan["single-bf16"]) is None
     assert gpu_plan.skip_reason(plan["decode-torchvision"]) is None
     assert gpu_plan.skip_reason(plan["verify-1"]) is None  # single
-    assert gpu_plan.skip_reason(plan["verify-2"]) == "horovod is not installed (make horovod)"  # horovod alone
+    assert gpu_plan.skip_reason(plan["verify-horovod"]) == "horovod is not installed (make horovod)"  # its own
     assert gpu_plan.skip_reason(["run", "--backends", "nope"]) is None  # refused: the launch says why itself
     assert gpu_plan.skip_reason(["collectives", "--gpus", "2"]) is None  # another command: started
     # bench run's own flags (the trace launch's --trace) are no reason to start it, and no usage text is printed
@@ -327,7 +327,8 @@ def test_the_table_has_a_row_per_backend_groups_identical_failures_and_names_wha
               "RuntimeError: Found no NVIDIA driver on your system; last lines: ...; log /x/20261126T235100Z-ddp-w1-2fb81a.log")
     launches = {n: (x, "ok") for n, x in plan.items()}
     launches["fsdp2-fp16"] = (plan["fsdp2-fp16"], "failed")  # its harness stopped before any record
-    launches["verify-2"] = (plan["verify-2"], gpu_plan.NOT_RUN)
+    launches["verify-3"] = (plan["verify-3"], gpu_plan.NOT_RUN)  # fsdp2's group
+    launches["verify-horovod"] = (plan["verify-horovod"], gpu_plan.NOT_RUN)
     missing = "horovod is not installed (make horovod)"  # the plan did not start them (bench run would refuse them)
     launches["horovod-bf16"] = (plan["horovod-bf16"], gpu_plan.SKIPPED, missing)
     launches["horovod-fp16"] = (plan["horovod-fp16"], gpu_plan.SKIPPED, missing)
@@ -377,9 +378,9 @@ def test_a_machine_without_horovod_or_dali_passes_with_both_named(tmp_path):
     launches = {n: (x, "ok") for n, x in plan.items()}
     launches.update({"horovod-bf16": (plan["horovod-bf16"], gpu_plan.SKIPPED, missing),
                      "horovod-fp16": (plan["horovod-fp16"], gpu_plan.SKIPPED, missing),
-                     "verify-2": (plan["verify-2"], gpu_plan.SKIPPED, missing),  # horovod's group, alone
+                     "verify-horovod": (plan["verify-horovod"], gpu_plan.SKIPPED, missing),  # its own launch
                      "decode-dali": (plan["decode-dali"], gpu_plan.SKIPPED, dali)})
-    assert plan["verify-2"].backends == ("horovod",)
+    assert plan["verify-horovod"].backends == ("horovod",)
     recs = {"single-bf16": [ok_record("single")], "single-fp16": [ok_record("single", "fp16")],
             "verify-1": [{"kind": "verify", "rows": [{"backend": "single", "verdict": "pass"}]}]}
     folder = plan_folder(tmp_path, launches, recs)
@@ -434,7 +435,7 @@ def test_the_whole_check_on_a_fake_gpu_machine(monkeypatch, tmp_path):
     manifest = gpu_plan.load(tmp_path / "plan")
     assert set(manifest["launches"]) == {x.name for x in plan} and manifest["complete"] is True
     skipped = {n: x for n, x in manifest["launches"].items() if x["status"] == gpu_plan.SKIPPED}
-    assert set(skipped) == {"horovod-bf16", "horovod-fp16", "verify-2"}  # verify-2: horovod's group, alone
+    assert set(skipped) == {"horovod-bf16", "horovod-fp16", "verify-horovod"}  # horovod's verify: its own launch
     why = skipped["horovod-bf16"]["reason"]
     assert why and not (tmp_path / "plan" / "horovod-bf16.log").exists()
     assert f"doctor: [plan] horovod-bf16: skipped ({why})" in proc.stderr.splitlines()
@@ -448,6 +449,160 @@ def test_the_whole_check_on_a_fake_gpu_machine(monkeypatch, tmp_path):
     assert (tmp_path / "doctor.md").read_text().splitlines()[-1] == out[-1]
 
 
+# -- make gpu-check FULL=1: Horovod built beside the plan ---------------------------------------------------------
+
+def test_the_full_tier_on_one_gpu_fits_10_minutes_by_its_printed_estimate():
+    """Every backend's launches on one GPU of a 16-core machine (4 at once), Horovod built beside them at 8 compile
+    jobs and its launches held until then, the gpu tests and the measured sweep of the default backends and Horovod."""
+    launches = gpu_plan.launches(1)
+    held = [x.name for x in launches if x.after]
+    assert held == ["horovod-bf16", "horovod-fp16", "verify-horovod"] and {x.after for x in launches} == {"", gpu_plan.BUILD}
+    assert all("horovod" not in x.backends for x in launches if x.column == "fp32 (verify)" and not x.after)
+    measured = len(doctor.sweep_backends(backends.names(), "all", True))
+    line = doctor.estimate_line("full", 1, "NVIDIA H200", launches, 4, 600.0, 8, measured, True)
+    plan_s = gpu_plan.estimate_seconds(launches, 4, gpu_plan.BUILD_SECONDS)
+    total = plan_s + doctor.TESTS_S + measured * doctor.MEASURED_RUN_S
+    assert line == (f"doctor: full tier on 1 GPU(s) (NVIDIA H200): {len(launches)} launches "
+                    f"({sum(x.trees for x in launches)} process trees), 4 at once, Horovod built beside them (8 compile "
+                    f"jobs, about {gpu_plan.BUILD_SECONDS:.0f} s) and its 3 launches held until it ends, about "
+                    f"{plan_s:.0f} s; then the gpu tests on their records (about {doctor.TESTS_S:.0f} s) and the "
+                    f"measured sweep (6 runs, about {6 * doctor.MEASURED_RUN_S:.0f} s): about {total:.0f} s in all; "
+                    "budget 600 s")
+    assert total <= 600 and doctor.TIERS["full"]["budget_s"] == 600
+    # a build slower than the rest of the plan decides when the plan ends
+    assert gpu_plan.estimate_seconds(launches, 4, 1000.0) == 1000.0 + gpu_plan.SECONDS_PER_TREE * 2
+    assert "(over it: what the budget leaves out fails)" in doctor.estimate_line(
+        "full", 1, "x", launches, 1, 600.0, 8, measured, True)
+
+
+def _build(tmp_path, script: str) -> gpu_plan.Build:
+    """A stand-in build: a shell script in place of scripts/build_horovod.sh."""
+    return gpu_plan.Build(gpu_plan.BUILD, ["sh", "-c", script], tmp_path / "horovod-build.log", what="a stand-in build")
+
+
+@pytest.mark.slow
+def test_launches_wait_for_the_build_beside_the_plan_and_fail_with_its_error(tmp_path):
+    """The runner with stand-in launches (`bench` commands that fail in a second) and a stand-in build: a launch that
+    needs no build starts at once; Horovod's wait; when the build fails they are never started, fail with its FAILED
+    line, and the table and the verdict say so."""
+    import time
+
+    free = gpu_plan.Launch("free", ("run", "--backends", "nope"), "needs no build")
+    held = gpu_plan.Launch("horovod-bf16", ("run", "--backends", "horovod"), "waits", ("horovod",), "bf16",
+                           after=gpu_plan.BUILD)
+    said = []
+    build = _build(tmp_path, "sleep 2; echo 'build_horovod: FAILED: compiling the horovod wheel (full build log: "
+                             "/v/horovod-build.log)' >&2; exit 1").start()
+    manifest = gpu_plan.run([free, held], tmp_path / "plan", jobs=2, deadline=time.monotonic() + 120,
+                            say=said.append,
+                            skip=lambda argv: pytest.fail("a held launch's skip was asked") if "horovod" in argv else None,
+                            builds=[build])
+    got = manifest["launches"]
+    why = "build_horovod: FAILED: compiling the horovod wheel (full build log: /v/horovod-build.log) (exit 1)"
+    assert got["free"]["status"] == "failed" and got["horovod-bf16"]["status"] == "failed"
+    assert got["horovod-bf16"]["reason"] == f"horovod-build failed: {why}" and got["horovod-bf16"]["rc"] is None
+    assert not Path(got["horovod-bf16"]["log"]).exists()  # never started
+    assert said[0] == "[plan] horovod-bf16: waits for horovod-build"
+    assert said.index("[plan] free: started (needs no build)") < next(
+        i for i, line in enumerate(said) if line.startswith("[plan] horovod-build: failed: "))
+    assert manifest["builds"]["horovod-build"] == {
+        "what": "a stand-in build", "command": build.summary()["command"], "log": str(tmp_path / "horovod-build.log"),
+        "status": "failed", "reason": why, "rc": 1, "seconds": manifest["builds"]["horovod-build"]["seconds"]}
+    text, failed = doctor.report(manifest, tmp_path / "plan", ["horovod"], None, [], True, False,
+                                 builds=[build.summary()])
+    lines = text.splitlines()
+    assert failed is True
+    assert lines[4] == "| horovod | failed | — | — | — | — | — | python -m bench doctor --backends horovod |"
+    assert f"1. 1 checks: horovod-build failed: {why}" in lines
+    assert any(ln.startswith(f"a stand-in build: FAILED: {why} in ") for ln in lines)
+    assert lines[-1] == ("GPU machine NOT OK: 0 backends ran, 1 failed (horovod), 1 single-purpose launch failed, "
+                         "1 build failed")
+
+
+@pytest.mark.slow
+def test_the_full_check_builds_horovod_beside_the_plan_on_a_fake_gpu_machine(monkeypatch, tmp_path):
+    """bench doctor --full on a fake machine of one H100 where Horovod is not built: the estimate first, the build
+    started beside the plan (here a stand-in of 2 s), Horovod's three launches held until it is built and then really
+    started (each a `python -m bench` that stops at its device check, with no GPU behind the fake)."""
+    from backends import horovod
+
+    FakeGpuMachine([__import__("tests.fake_gpu", fromlist=["FakeGpu"]).FakeGpu()]).install(monkeypatch)
+    monkeypatch.setattr(horovod, "problem", lambda: "horovod is not installed (make horovod)")
+    asked = []
+
+    def horovod_build(venv, jobs, log):
+        asked.append((venv, jobs, log))
+        return gpu_plan.Build(gpu_plan.BUILD, ["sh", "-c", "sleep 2; echo built"], log, env={"BUILD_JOBS": str(jobs)},
+                              what="Horovod with NCCL (a stand-in)")
+
+    monkeypatch.setattr(gpu_plan, "horovod_build", horovod_build)
+    monkeypatch.setenv("BUILD_JOBS", "3")
+    proc = bench_inproc("doctor", "--full", "--backends", "horovod", "--skip-tests", "--skip-sweep", "--jobs", "2",
+                        "--results", tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the launches stop at their device check
+    assert asked == [(Path(sys.prefix), 3, tmp_path / "horovod-build.log")]
+    err = proc.stderr.splitlines()
+    assert err[0].startswith("doctor: full tier on 1 GPU(s) (NVIDIA H100 80GB HBM3): 3 launches (4 process trees), 2 "
+                             "at once, Horovod built beside them (3 compile jobs, about 240 s) and its 3 launches held "
+                             "until it ends")
+    built = next(i for i, line in enumerate(err) if line.startswith("doctor: [plan] horovod-build: built in "))
+    starts = [i for i, line in enumerate(err) if ": started (" in line]
+    assert len(starts) == 3 and built < min(starts), err
+    manifest = gpu_plan.load(tmp_path / "plan")
+    assert manifest["builds"]["horovod-build"]["status"] == "built"
+    assert {n: x["status"] for n, x in manifest["launches"].items()} == {
+        "horovod-bf16": "failed", "horovod-fp16": "failed", "verify-horovod": "failed"}
+    out = proc.stdout.splitlines()
+    assert any(ln.startswith("Horovod with NCCL (a stand-in): built in ") for ln in out)
+    assert "horovod: not built" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_build_command_compiles_horovod_with_nccl_from_the_wheels_folder(monkeypatch, tmp_path):
+    """gpu_check.horovod_build's command, the real scripts/build_horovod.sh, with a stand-in venv Python that answers
+    as a CUDA torch seeing one GPU would: it takes the slow path to pip's wheel build with NCCL operations, the compile
+    jobs asked for and the wheels folder only (no index); the stand-in refuses to compile, and the build's state is
+    the script's FAILED line."""
+    import time
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    seen = tmp_path / "pip-wheel.env"
+    py = venv / "bin" / "python"
+    py.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = -c ]; then echo "2.15.0+cu132 13.2 cp311 none 1"; exit 0; fi
+        case "$1" in
+          */cuda_toolkit.py) if [ "$2" = ensure ]; then echo /fake/cuda; exit 0; fi; exec {sys.executable} "$@";;
+          */lockfile.py) exec {sys.executable} "$@";;
+        esac
+        if [ "$1 $2 $3" = "-m pip wheel" ]; then
+          echo "MAKEFLAGS=$MAKEFLAGS NCCL=$HOROVOD_GPU_OPERATIONS NO_INDEX=$PIP_NO_INDEX" > {seen}
+          echo "LINKS=$PIP_FIND_LINKS CC=$HOROVOD_BUILD_CUDA_CC_LIST CUDA_HOME=$CUDA_HOME ARGS=$*" >> {seen}
+          exit 97
+        fi
+        exit 0
+        """))
+    py.chmod(0o755)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "horovod-0.28.1.tar.gz").write_bytes(b"")
+    monkeypatch.setenv("WHEELS", str(wheels))
+    monkeypatch.setenv("BENCH_WHEEL_CACHE", str(tmp_path / "cache"))
+    for name in ("HOROVOD_BUILD_CUDA_CC_LIST", "HOROVOD_VERSION", "CUDA_HOME", "PIP_FIND_LINKS", "PIP_NO_INDEX",
+                 "HOROVOD_SDIST"):
+        monkeypatch.delenv(name, raising=False)
+    build = gpu_plan.horovod_build(venv, 8, tmp_path / "horovod-build.log")
+    assert build.command == ["bash", str(REPO / "scripts" / "build_horovod.sh"), str(venv)]
+    assert build.env["BUILD_JOBS"] == "8" and build.env["WHEELS"] == str(wheels)
+    state = build.start().wait(time.monotonic() + 300)
+    assert state == (f"build_horovod: FAILED: compiling the horovod wheel (full build log: {venv}/horovod-build.log) "
+                     "(exit 1)"), (tmp_path / "horovod-build.log").read_text()
+    got = seen.read_text()
+    assert got.startswith(f"MAKEFLAGS=-j8 NCCL=NCCL NO_INDEX=1\nLINKS={wheels} CC=75,80,90 CUDA_HOME=/fake/cuda ")
+    assert "--no-build-isolation" in got and "--no-binary horovod" in got
+
+
 def test_without_cuda_it_refuses_in_one_line(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
@@ -459,17 +614,23 @@ def test_without_cuda_it_refuses_in_one_line(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
-def test_the_measured_sweep_is_every_backend_at_every_precision_with_resnet50(monkeypatch, tmp_path, gpus):
+def test_the_measured_sweep_is_resnet50_at_bf16_and_under_full_the_default_backends_and_horovod(monkeypatch, tmp_path,
+                                                                                                 gpus):
     fake_cuda(monkeypatch, gpus)
-    configs = doctor.plan(gpus, "all", tmp_path)
-    got = {(c.backend, c.precision) for c in configs}
-    assert got == {(b, p) for b in backends.names() for p in ("fp32", "bf16", "fp16")}
-    assert len(configs) == len(got)  # once each (cudnn.benchmark on: no dp cudnn-off variant)
+    names = backends.names()
+    full = doctor.sweep_backends(names, "all", True)
+    assert full == ["single", "ddp", "horovod", "fsdp2", "ds_zero2", "ds_zero3"]
+    assert doctor.sweep_backends(["dp", "ddp"], "dp,ddp", True) == ["dp", "ddp"]  # --backends given: those
+    assert doctor.sweep_backends(names, "all", False) == names  # the quick tier: every backend, as time allows
+    configs = doctor.plan(gpus, ",".join(full), tmp_path, doctor.TIERS["full"]["precisions"])
+    assert [(c.backend, c.precision) for c in configs] == [(b, "bf16") for b in full]
     assert {c.model for c in configs} == {"resnet50"} and {c.cudnn_benchmark for c in configs} == {True}
     assert {(c.warmup, c.steps, c.windows) for c in configs} == {(6, 5, 2)}
     assert {c.world_size for c in configs if c.backend != "single"} == {gpus}
-    assert [c.world_size for c in configs if c.backend == "single"] == [1, 1, 1]
-    assert [c.precision for c in configs][:: len(configs) // 3] == ["fp32", "bf16", "fp16"]  # precision by precision
+    assert [c.world_size for c in configs if c.backend == "single"] == [1]
+    configs = doctor.plan(gpus, "all", tmp_path, ("fp32", "bf16", "fp16"))  # several precisions: one after another
+    assert len(configs) == 3 * len(names)  # once each (cudnn.benchmark on: no dp cudnn-off variant)
+    assert [c.precision for c in configs][:: len(configs) // 3] == ["fp32", "bf16", "fp16"]
 
 
 def measured(backend, precision, status="ok", n=2, **extra):
@@ -522,9 +683,11 @@ def test_the_tests_line_of_a_check_the_budget_stopped():
 
 def test_measured_runs_that_no_longer_fit_the_budget_are_listed_not_launched(monkeypatch, tmp_path, capsys):
     """The measured sweep's loop, with a fake clock, plan and launcher: the budget decides what runs."""
+    from backends import horovod
     from bench import cli, launch
     from bench.core import environment
 
+    monkeypatch.setattr(horovod, "problem", lambda: None)  # built: --full starts no build here
     FakeGpuMachine([__import__("tests.fake_gpu", fromlist=["FakeGpu"]).FakeGpu()]).install(monkeypatch)
     monkeypatch.setattr(environment, "collect_env", lambda *a, **kw: {"gpu_names": ["NVIDIA H100 80GB HBM3"]})
     monkeypatch.setattr(gpu_plan, "run", lambda *a, **kw: {"launches": {}, "complete": True})
@@ -544,9 +707,10 @@ def test_measured_runs_that_no_longer_fit_the_budget_are_listed_not_launched(mon
     assert e.value.code == 1  # runs left out of the full check: it did not finish
     # the clock reads 0 at the start, then 100 s more before each planned run: 350, 250, 150 s left get the per-run
     # cap, 50 s left gets 50 s, and from -50 s on (under doctor.MIN_RUN_S) nothing is launched
-    assert launched == [(b, "fp32", t) for b, t in zip(backends.names()[:4], (150, 150, 150, 50))]
+    full = doctor.sweep_backends(backends.names(), "all", True)
+    assert launched == [(b, "bf16", t) for b, t in zip(full[:4], (150, 150, 150, 50))]
     out = capsys.readouterr().out
-    assert out.count("| not run (budget) |") == 3 * len(backends.names()) - 4
+    assert out.count("| not run (budget) |") == len(full) - 4
     assert (tmp_path / "doctor.md").read_text().strip() == out[out.index("Backends"):].strip()
     # the quick tier: bf16 only, whatever time is left, and what it leaves out is neither listed nor a failure
     launched.clear()

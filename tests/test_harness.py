@@ -44,8 +44,9 @@ def test_repeats_run_interleaved_and_resume_runs_only_what_has_no_ok_record(resu
     # single has its first repetition; ddp_amp_syncbn was skipped (not ok), so it is planned again
     assert "resume: 1 of 4 runs already have an ok record" in again.stderr
     lines = [ln for ln in again.stdout.splitlines() if ln.startswith("[")]
-    assert [ln.split(" on ")[0] for ln in lines] == ["[1/3] ddp_amp_syncbn x1", "[2/3] single x1",
-                                                     "[3/3] ddp_amp_syncbn x1"]
+    # the second repetition turned: it neither starts nor ends as the first (single, ddp_amp_syncbn) did
+    assert [ln.split(" on ")[0] for ln in lines] == ["[1/3] ddp_amp_syncbn x1", "[2/3] ddp_amp_syncbn x1",
+                                                     "[3/3] single x1"]
     # (each line after the first ends with the sweep's ETA: "... (0:00:12 elapsed, ETA 0:00:24)")
     assert lines[0].endswith("(repeat 1/2) ...") and all("(repeat 2/2) ... (" in ln for ln in lines[1:])
     ok = sorted((r["backend"], r["repeat_index"], r["repeats"]) for r in records(results_dir) if r["status"] == "ok")

@@ -198,9 +198,9 @@ def test_the_report_compares_the_backends_at_their_best_and_at_the_defaults(tmp_
     md = (tmp_path / "rep" / "REPORT.md").read_text()
     section = md.split("## At their best (bench tune)\n", 1)[1].split("\n## ", 1)[0]
     assert "(CPU: EPYC, cpu, model resnet18, image_size 32, precision fp32; budget 120 s, 100 s spent)" in section
-    assert ("| ddp | 1 | 104.0 img/s (103.0–105.0) | 150.0 img/s (149.0–151.0) | 1.44× | batch 16, channels_last | 3 | "
-            "`python -m bench run --backends ddp --batch-size 16 --channels-last` |") in section
-    assert "| dp | 1 |  |  |  | skipped: no | 0 |  |" in section
+    assert ("| ddp | resnet18 | 1 | 104.0 img/s (103.0–105.0) | 150.0 img/s (149.0–151.0) | 1.44× |  | batch 16, "
+            "channels_last | 3 | `python -m bench run --backends ddp --batch-size 16 --channels-last` |") in section
+    assert "| dp | resnet18 | 1 |  |  |  |  | skipped: no | 0 |  |" in section
     assert ("**At their best (bench tune): ddp is fastest, 150.0 img/s with batch 16, channels_last; at the shared "
             "defaults ddp was, 104.0 img/s.**") in md
     tied = summary_doc()
@@ -217,6 +217,38 @@ def test_the_report_compares_the_backends_at_their_best_and_at_the_defaults(tmp_
     [v] = report_tune.verdicts({**busy, "_path": "x"})
     assert not v["established"] and v["short"] == ("ddp is fastest at its best (150.0 img/s), but trials of ddp were "
                                                    "disturbed: no winner established.")
+
+
+def test_two_workloads_get_a_verdict_each_and_their_mfu_against_the_measured_peak():
+    """Issue 63: gpu-best tunes ResNet-50 and gpt-350m in one summary. The backends are compared within a workload, never
+    across (a verdict each), and each row gives MFU against the measured peak at the defaults and at the best."""
+    from bench.report import tune as report_tune
+
+    doc = summary_doc()
+    doc["workload"] = {"model": "resnet50", "precision": "bf16"}
+    one, two, _ = doc["backends"]
+    one.update(model="resnet50")
+    one["default"]["mfu_measured"], one["best"]["mfu_measured"] = 0.312, 0.44
+    gpt = {**json.loads(json.dumps(two)), "model": "gpt-350m"}
+    gpt["best"].update(median=90.0, ci95=[89.0, 91.0], unit="tok/s", mfu_measured=0.455)
+    gpt["default"].update(unit="tok/s")
+    two.update(model="resnet50")
+    doc["backends"] = [one, two, gpt]
+    lines = report_tune.section({**doc, "_path": "x"})
+    assert "(CPU: EPYC, cpu, models resnet50, gpt-350m, precision bf16; budget 120 s, 100 s spent)" in lines[2]
+    rows = [ln for ln in "\n".join(lines).splitlines() if ln.startswith(("| single", "| ddp"))]
+    assert rows[0].startswith("| single | resnet50 | 1 | 100.0 img/s (99.0–101.0) | 140.0 img/s (139.0–141.0) | 1.40× | "
+                              "31.2% → 44.0% | batch 16 |")
+    assert rows[2].startswith("| ddp | gpt-350m | 1 | 104.0 tok/s (103.0–105.0) | 90.0 tok/s (89.0–91.0) | 0.87× | "
+                              "— → 45.5% |")
+    vs = report_tune.verdicts({**doc, "_path": "x"})
+    assert [v["title"] for v in vs] == ["CPU: EPYC, cpu, resnet50: the backends at their best (bench tune)",
+                                        "CPU: EPYC, cpu, gpt-350m: the backends at their best (bench tune)"]
+    assert vs[0]["headline"].startswith("At their best (bench tune), resnet50: ddp is fastest, 150.0 img/s")
+    assert vs[1]["headline"] == ("At their best (bench tune), gpt-350m: ddp is fastest, 90.0 tok/s with batch 16, "
+                                 "channels_last, 45.5% MFU against the measured peak; at the shared defaults ddp was, "
+                                 "104.0 tok/s.")
+    assert vs[1]["short"] is None  # alone in its workload: nothing to compare it with
 
 
 class FakeTrials:
@@ -297,7 +329,7 @@ def test_it_stays_in_its_budget_tunes_the_sweep_s_world_sizes_writes_sweep_recor
         cli.main(["report", "--results", str(tmp_path / "raw"), "--out", str(tmp_path / "rep")])
     out, _ = capsys.readouterr()
     md = (tmp_path / "rep" / "REPORT.md").read_text()
-    assert e.value.code == 0 and "## At their best (bench tune)" in md and "| ddp | 2 |" in md
+    assert e.value.code == 0 and "## At their best (bench tune)" in md and "| ddp | resnet18 | 2 |" in md
     assert "5 trial record(s)" in md and "== Verdict" in out
 
 
@@ -402,7 +434,8 @@ def test_a_small_real_search_on_the_cpu(tmp_path):
     assert (cfg.backend, cfg.model, cfg.seq_len, cfg.batch_size) == ("single", "gpt-micro", 32,
                                                                       s["best"]["settings"].get("batch_size", 2))
     assert bool(cfg.options.get("compile")) == bool(s["best"]["settings"].get("compile"))
-    assert "| backend | world size | at the shared defaults | at its best | best / defaults | best settings |" in proc.stdout
+    assert ("| backend | workload | world size | at the shared defaults | at its best | best / defaults | MFU (measured "
+            "peak) defaults → best | best settings |") in proc.stdout
 
 
 def test_each_backend_tunes_its_own_search_space_from_the_registry_within_the_budget(tmp_path, monkeypatch, capsys):
@@ -442,4 +475,46 @@ def test_each_backend_tunes_its_own_search_space_from_the_registry_within_the_bu
         cli.main(["report", "--results", str(tmp_path / "raw"), "--out", str(tmp_path / "rep")])
     section = (tmp_path / "rep" / "REPORT.md").read_text().split("## At their best (bench tune)")[1]
     for name in own:
-        assert f"| {name} | 2 |" in section, name
+        assert f"| {name} | gpt-micro | 2 |" in section, name
+
+
+def test_the_gpu_best_preset_tunes_three_backends_on_two_workloads_from_the_gpu_sweep_s_start(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """Issue 63: bench tune --preset gpu-best on a fake machine of one H200: single, ddp and fsdp2 at one GPU on
+    ResNet-50 (from batch 256, channels_last fixed) and gpt-350m (from 8 sequences, no channels_last), bf16, windows of
+    1 s; each target's first candidate is --compile; the whole inside its 540 s. The trials are planned for real and
+    faked at launch (FakeTrials: 20 s each on a fake clock). Every flag given wins; an unknown preset is one line."""
+    from bench import cli
+    from tests.fake_gpu import FakeGpu, FakeGpuMachine
+
+    FakeGpuMachine([FakeGpu(name="NVIDIA H200")]).install(monkeypatch)
+    trials = FakeTrials(monkeypatch, [20.0] * 200)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["tune", "--preset", "gpu-best", "--results", str(tmp_path / "raw")])
+    out, err = capsys.readouterr()
+    assert e.value.code == 0, out + err
+    assert ("tune --preset gpu-best: 6 targets (single, ddp, fsdp2 x resnet50, gpt-350m) at 1 GPU(s), bf16, 540 s: "
+            "about 90 s each where none finishes early; tried first: compile") in out
+    [path] = (tmp_path / "raw" / "tune").glob("summary-*.json")
+    doc = json.loads(path.read_text())
+    assert doc["spent_s"] <= 540 and doc["budget_s"] == 540
+    assert [(b["backend"], b["model"], b["world_size"], b["status"]) for b in doc["backends"]] == [
+        (b, m, 1, "ok") for m in ("resnet50", "gpt-350m") for b in ("single", "ddp", "fsdp2")]
+    for b in doc["backends"]:
+        assert b["trials"][1]["settings"] == {"compile": True}, b["trials"]
+        assert "channels_last" not in {k for t in b["trials"] for k in t["settings"]}  # fixed, or not the GPT's
+    resnet = [c for c in trials.configs if c.model == "resnet50"]
+    gpt = [c for c in trials.configs if c.model == "gpt-350m"]
+    assert {(c.precision, c.window_s, c.windows, c.device_type) for c in trials.configs} == {("bf16", 1.0, 3, "cuda")}
+    assert {c.options.get("channels_last") for c in resnet} == {True} and resnet[0].batch_size == 256
+    assert {c.options.get("channels_last") for c in gpt} == {None} and gpt[0].batch_size == 8
+    # a flag given wins: one backend, one workload, its own batch
+    trials.configs.clear()
+    with pytest.raises(SystemExit) as e:
+        cli.main(["tune", "--preset", "gpu-best", "--backends", "single", "--model", "resnet50", "--batch-size", "128",
+                  "--budget-s", "60", "--results", str(tmp_path / "mine")])
+    assert e.value.code == 0 and trials.configs[0].batch_size == 128 and {c.model for c in trials.configs} == {
+        "resnet50"}
+    capsys.readouterr()
+    code, err = cli_error(capsys, "tune", "--preset", "fastest")
+    assert (code, err) == (2, "bench: error: --preset 'fastest': unknown preset; choose from gpu-best\n")

@@ -72,6 +72,50 @@ def test_gpt_flops_count_the_matmuls_and_attention():
     assert 0.9 * 6 * params * 64 < per_seq < 6 * params * 64 + 24 * 4 * 64 * 64 * 256
 
 
+@pytest.mark.parametrize("field", ["model", "image_size", "seq_len", "torch", "torchvision", "code"])
+def test_a_flop_count_made_with_one_value_of_any_key_field_is_never_read_back_for_another(tmp_path, monkeypatch,
+                                                                                          field):
+    """Issue 63: MFU is only as right as the FLOP count behind it, read from a cache. For every field of the key, a
+    count made with one value is never read back for another: the other value is counted (a stand-in counter gives
+    each count its own number), and both stay readable. A key that left a field out (gpt-350m at seq 2048 reading the
+    count made at 1024) fails here."""
+    from importlib import metadata
+
+    monkeypatch.setenv("BENCH_FLOPS_CACHE", str(tmp_path / "flops"))
+    counted = []
+    monkeypatch.setattr(flops, "count", lambda *a: counted.append(a) or float(len(counted)))
+    versions = {"torch": "2.11.0", "torchvision": "0.26.0"}
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: versions.get(name) or real_version(name))
+    package = tmp_path / "models"  # the model code, in a copy this test may edit
+    package.mkdir()
+    for f in flops._PACKAGE.glob("*.py"):
+        (package / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(flops, "_PACKAGE", package)
+    base = {"model": "gpt-micro", "image_size": 32, "seq_len": 1024}
+    other = {"model": {"model": "gpt-tiny"}, "image_size": {"image_size": 64}, "seq_len": {"seq_len": 2048}}
+
+    def ask(args: dict) -> float:
+        flops.flops_per_sample.cache_clear()  # a later process: the file cache only
+        return flops.flops_per_sample(args["model"], args["image_size"], args["seq_len"])
+
+    first = ask(base)
+    assert ask(base) == first and len(counted) == 1  # read back: the same key
+    if field in other:
+        changed = {**base, **other[field]}
+    else:
+        changed = base
+        if field == "code":
+            (package / "__init__.py").write_text((package / "__init__.py").read_text() + "\n# edited\n")
+        else:
+            versions[field] += ".post1"
+    second = ask(changed)
+    assert len(counted) == 2 and second != first, f"the count made with another {field} was read back"
+    assert ask(changed) == second and len(counted) == 2  # the new key's count is kept too
+    if field in other:
+        assert ask(base) == first and len(counted) == 2  # and the first is still there for its own key
+
+
 def test_a_flop_count_is_made_once_per_key_and_read_back_by_a_later_process(tmp_path, monkeypatch):
     """backends/models/flops.py's cache: the first ask counts and keeps the count under its key; a later process (the
     in-process cache cleared) reads it without counting; another torch, an edited model or a garbled file is counted

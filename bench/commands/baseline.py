@@ -1,7 +1,8 @@
 """``python -m bench baseline save | name``: the stored baselines the regression gate compares against.
 
 A baseline is one JSON file, ``results/baselines/NAME.json``: ``{"schema", "name", "created_at", "source",
-"hardware", "configurations", "load", "records"}`` with the ok records of a results directory. Every later CI run is
+"hardware", "environment", "configurations", "load", "records"}`` with the ok records of a results directory
+(``environment``: the driver, CUDA, torch, NCCL and cuDNN they ran with). Every later CI run is
 judged against it, so an existing baseline is replaced only with ``--force``.
 
 A reference comes from clean runs only. ``save`` refuses, in one line naming the runs and why, a directory holding a
@@ -211,6 +212,7 @@ def cmd_baseline_save(args) -> int:
         "created_at": results.utc_now(),
         "source": str(src),
         "hardware": sorted({results.hardware(r) for r in ok}),
+        "environment": environment_of(ok),
         "configurations": len({results.config_key(r) for r in ok}),
         "load": {**load_of(ok), "accepted_disturbed": bool(args.accept_disturbed)},
         "records": clean,
@@ -226,13 +228,27 @@ def cmd_baseline_save(args) -> int:
         raise UsageError(f"--out-dir: cannot write baseline {str(final)!r}: {e.strerror or e}")
     skipped = len(recs) - len(ok)
     print(f"baseline {name}: {len(clean)} record(s), {doc['configurations']} configuration(s) on "
-          f"{'; '.join(doc['hardware'])}; {load_text(doc['load'])} -> {final}"
+          f"{'; '.join(doc['hardware'])} ({environment_text(doc['environment'])}); {load_text(doc['load'])} -> {final}"
           + (f" ({skipped} record(s) left out)" if skipped else ""))
     if args.accept_disturbed and (doc["load"]["disturbed_runs"] or failed_runs(recs)):
         warn(f"baseline {name} was saved with --accept-disturbed: {doc['load']['disturbed_runs']} disturbed run(s) in "
              f"it, {len(failed_runs(recs))} failed left out; comparisons against its disturbed configurations will be "
              "inconclusive (exit 3)")
     return 0
+
+
+ENVIRONMENT = ("driver", "cuda", "torch", "nccl", "cudnn")
+
+
+def environment_of(recs: list[dict]) -> dict:
+    """What the baseline's numbers were measured with besides the hardware, each field's values over its records
+    (one each, normally): the driver, CUDA, torch, NCCL and cuDNN a later comparison is judged against."""
+    return {k: sorted({str((r.get("env") or {}).get(k)) for r in recs if (r.get("env") or {}).get(k) is not None})
+            for k in ENVIRONMENT}
+
+
+def environment_text(env: dict) -> str:
+    return ", ".join(f"{k} {' / '.join(v)}" for k, v in env.items() if v) or "no driver or torch recorded"
 
 
 def cmd_baseline_name(args) -> int:

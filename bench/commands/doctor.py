@@ -8,8 +8,14 @@
    last output lines are written as it ends (``BENCH_TEST_LOG``, tests/conftest.py); at the budget pytest is stopped
    with SIGINT first (it still writes its summary and JUnit XML), and the tests still running and those never started
    are named.
-3. **The measured sweep** (ResNet-50, sequential, alone on the machine): under ``--full`` every backend at fp32, bf16
-   and fp16; in the quick tier whatever the budget has left, at bf16.
+3. **The measured sweep** (ResNet-50 at bf16, sequential, alone on the machine): under ``--full`` the default
+   sweep's backends and Horovod (``--backends`` given: those), every run required; in the quick tier every backend, as
+   many as the budget has left.
+
+Under ``--full``, where Horovod is not built yet, it is compiled beside the plan's first launches (scripts/
+build_horovod.sh, half the cores, niced; WHEELS=DIR offline), Horovod's launches wait for the build and the measured
+sweep starts once it ended; a failed build fails Horovod's row with the build's error line. The plan, the tests and
+the sweep are estimated, and the total printed first: ``--full`` fits 600 s on one GPU.
 
 Then one table a person can act on: a row per backend with its bf16, fp16, fp32 (verify) and 2-rank outcomes and its
 memory and NVML checks (the plan's runs shared the GPU: a functional check, not a measurement), identical failures
@@ -18,6 +24,7 @@ verdict in the last line. Exit 1 when anything failed, 0 otherwise, 2 with one l
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -32,8 +39,13 @@ from bench.plan import gpu_check as gpu_plan
 from bench.core import environment
 from bench.core.results import REPO_ROOT
 
-TIERS = {"quick": {"precisions": ("bf16",), "budget_s": 420.0},
-         "full": {"precisions": ("fp32", "bf16", "fp16"), "budget_s": 1500.0}}
+TIERS = {"quick": {"precisions": ("bf16",), "budget_s": 420.0, "build": False},
+         "full": {"precisions": ("bf16",), "budget_s": 600.0, "build": True}}
+# --full's measured sweep: the backends bench run's GPU sweep compares (bench/plan/sweep.py GPU_SWEEP), and Horovod,
+# the one the full tier builds
+FULL_SWEEP = ("single", "ddp", "fsdp2", "ds_zero2", "ds_zero3", "horovod")
+# one measured run alone, process start to record: 14-28 s on the H100 at fbb921d (docs/gpu-machine.md)
+MEASURED_RUN_S = 25.0
 MODEL = "resnet50"
 # The measured sweep's short runs: enough warm-up for every backend's one-time work (DDP's bucket rebuild, cuDNN
 # autotuning, GradScaler's first overflows, DeepSpeed's loss-scale settling); two windows show what each costs.
@@ -45,7 +57,8 @@ TESTS_S = 50.0
 GiB = 1024 ** 3
 BUDGET = gpu_plan.NOT_RUN
 # measured: 189 s for the CPU build on 2 cores (docs/gpu-machine.md); a build with CUDA's NCCL operations compiles more
-HOROVOD_BUILD = "make horovod, about 3 min on 2 cores for the CPU build, more with CUDA; make gpu-check FULL=1 builds it"
+HOROVOD_BUILD = ("make horovod, about 3 min on 2 cores for the CPU build, more with CUDA; make gpu-check FULL=1 builds "
+                 "it beside the plan")
 SIGINT_GRACE_S = 30.0  # pytest's time to write its summary and JUnit XML after SIGINT
 
 
@@ -55,11 +68,12 @@ def register(sub) -> None:
     d = sub.add_parser("doctor", help="check a GPU machine: every backend through one launch plan, the gpu tests on "
                                       "its records, one table; exit 1 on any failure")
     d.add_argument("--full", action="store_true",
-                   help="the full check: also the measured sweep at fp32, bf16 and fp16, 1500 s, and what the budget "
+                   help="the full check: Horovod built beside the plan where it is not, the measured sweep of the "
+                        "default backends and Horovod, 600 s, and what the budget "
                         "leaves out fails (default: the quick tier, 420 s)")
     d.add_argument("--backends", default="all", help="comma-separated, or all (default): one backend's row alone")
     d.add_argument("--gpus", type=int, help="GPUs to use (default: every GPU here; the plan uses 1 or 2)")
-    d.add_argument("--budget-s", type=float, help="the whole check's time budget (default 420; --full 1500)")
+    d.add_argument("--budget-s", type=float, help="the whole check's time budget (default 420; --full 600)")
     d.add_argument("--jobs", type=int, help="plan launches at once (default: one per 4 cores, at most 8)")
     add_renamed(d, "--test-timeout-s", "--test-timeout", dest="test_timeout", type=float, default=240.0,
                 metavar="SECONDS", help="seconds per gpu test at most (default 240)")
@@ -304,9 +318,9 @@ def cell(launch: dict | None, rec: dict | None, backend: str) -> tuple[str, str 
         return BUDGET, None
     if launch["status"] == gpu_plan.SKIPPED:  # every run would be skipped here: the plan did not start it
         return skipped(backend, launch["reason"]), None
-    if rec is None:
+    if rec is None:  # a launch whose build failed was never started: its reason says why
         why = "no record" if launch["status"] == "ok" else f"launch {launch['status']} (exit {launch['rc']})"
-        return "failed", first_line(_log_error(launch)) or why
+        return "failed", launch.get("reason") or first_line(_log_error(launch)) or why
     if rec["status"] == "skipped":
         return skipped(rec.get("backend", ""), rec["reason"]), None
     if rec["status"] != "ok":
@@ -325,7 +339,8 @@ def verify_cell(launch: dict | None, rows: list[dict], backend: str) -> tuple[st
         return skipped(backend, launch["reason"]), None
     row = next((r for r in rows if r.get("backend") == backend), None)
     if row is None:
-        return "failed", first_line(_log_error(launch)) or f"launch {launch['status']} (exit {launch['rc']})"
+        return "failed", (launch.get("reason") or first_line(_log_error(launch))
+                          or f"launch {launch['status']} (exit {launch['rc']})")
     if row["verdict"] == "pass":
         return "pass", None
     if row["verdict"] == "skipped":
@@ -425,7 +440,8 @@ def other_launches(manifest: dict, folder: Path) -> tuple[list[list], list[tuple
         elif bad:
             status, why = "failed", first_line(bad[0].get("reason"))
         elif launch["status"] != "ok" and not recs:
-            status, why = "failed", first_line(_log_error(launch)) or f"launch {launch['status']}"
+            status, why = "failed", (launch.get("reason") or first_line(_log_error(launch))
+                                     or f"launch {launch['status']}")
         elif recs and all(r["status"] == "skipped" for r in recs):
             status, why = f"skipped: {recs[0]['reason']}", None
         else:
@@ -472,9 +488,18 @@ def tests_line(t: dict | None) -> str:
     return line
 
 
+def build_line(b: dict) -> str:
+    """One build beside the plan, in a line: how it ended, in how long, where its log is."""
+    how = {"built": "built", "failed": f"FAILED: {b['reason']}", "running": "still running"}[b["status"]]
+    took = f" in {b['seconds']:.0f} s" if b.get("seconds") is not None else ""
+    return f"{b['what'] or 'build'}: {how}{took} (log: {b['log']})"
+
+
 def report(manifest: dict | None, folder: Path, names: list[str], tests: dict | None, measured: list[dict],
-           full: bool, horovod_built: bool, baseline_cmd: str | None = None) -> tuple[str, bool]:
-    """The doctor's text (tables, grouped failures, verdict last) and whether the check failed."""
+           full: bool, horovod_built: bool, baseline_cmd: str | None = None,
+           builds: list[dict] = ()) -> tuple[str, bool]:
+    """The doctor's text (tables, grouped failures, verdict last) and whether the check failed. ``builds``: the
+    summaries of the builds run beside the plan (gpu_check.Build)."""
     from bench.core.text import md_table
 
     out, failures = [], []
@@ -499,7 +524,8 @@ def report(manifest: dict | None, folder: Path, names: list[str], tests: dict | 
         out += ["Measured (sequential, alone on the machine):", "",
                 md_table(MEASURED_HEADER, [measured_row(r) for r in measured], {1, 4, 5, 6, 7}), ""]
     out.append(tests_line(tests))
-    if not horovod_built:
+    out += [build_line(b) for b in builds]
+    if not horovod_built and not builds:
         out.append(f"horovod: not built ({HOROVOD_BUILD})")
     # the verdict
     failed_backends = sorted({who.split(" ")[0] for who, _ in failures if who.split(" ")[0] in names})
@@ -513,7 +539,8 @@ def report(manifest: dict | None, folder: Path, names: list[str], tests: dict | 
     bad_runs = [r for r in measured if r["status"] == "failed" or r.get("replicas_consistent") is False]
     bad_tests = tests is not None and (tests["failed"] > 0 or (full and tests["timed_out"]))
     other_failures = [who for who, _ in failures if who.split(" ")[0] not in names]
-    failed = bool(failed_backends or bad_runs or bad_tests or other_failures
+    bad_builds = [b for b in builds if b["status"] != "built"]
+    failed = bool(failed_backends or bad_runs or bad_tests or other_failures or bad_builds
                   or (full and (budget or any(r["status"] == BUDGET for r in measured))))
     parts = [f"{len(ran)} backend{'s' * (len(ran) != 1)} ran", f"{len(failed_backends)} failed"
              + (f" ({', '.join(failed_backends)})" if failed_backends else "")]
@@ -529,6 +556,8 @@ def report(manifest: dict | None, folder: Path, names: list[str], tests: dict | 
     if others_skipped:
         parts.append(f"{len(others_skipped)} single-purpose launch{'es' * (len(others_skipped) != 1)} skipped "
                      f"({', '.join(others_skipped)})")
+    if bad_builds:
+        parts.append(f"{len(bad_builds)} build{'s' * (len(bad_builds) != 1)} failed")
     if bad_runs:
         parts.append(f"{len(bad_runs)} measured run{'s' * (len(bad_runs) != 1)} failed")
     if tests is not None and tests["failed"]:
@@ -549,7 +578,35 @@ def baseline_name(gpus: int) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
+def sweep_backends(names: list[str], given: str, full: bool) -> list[str]:
+    """The measured sweep's backends: under --full the default sweep's and Horovod (FULL_SWEEP), unless --backends
+    named some; in the quick tier every backend of the check."""
+    return [n for n in names if n in FULL_SWEEP] if full and given == "all" else names
+
+
+def estimate_line(tier: str, gpus: int, gpu_name: str, launches: list, jobs: int, budget: float,
+                  build_jobs: int | None, measured: int, tests: bool) -> str:
+    """What the check will do and what it will cost, printed before it starts."""
+    build_s = gpu_plan.BUILD_SECONDS if build_jobs else None
+    plan_s = gpu_plan.estimate_seconds(launches, jobs, build_s)
+    head = (f"doctor: {tier} tier on {gpus} GPU(s) ({gpu_name}): {len(launches)} launches "
+            f"({sum(x.trees for x in launches)} process trees), {jobs} at once")
+    if tier == "quick":
+        return (f"{head}, about {plan_s:.0f} s; then the gpu tests on their records; budget {budget:.0f} s")
+    held = [x for x in launches if x.after]
+    build = (f", Horovod built beside them ({build_jobs} compile jobs, about {build_s:.0f} s) and its {len(held)} "
+             "launches held until it ends" if build_jobs else "")
+    total = plan_s + (TESTS_S if tests else 0.0) + measured * MEASURED_RUN_S
+    return (f"{head}{build}, about {plan_s:.0f} s; then the gpu tests on their records"
+            + (f" (about {TESTS_S:.0f} s)" if tests else " (skipped)")
+            + f" and the measured sweep ({measured} run{'s' * (measured != 1)}, about "
+            f"{measured * MEASURED_RUN_S:.0f} s): about {total:.0f} s in all; budget {budget:.0f} s"
+            + ("" if total <= budget else " (over it: what the budget leaves out fails)"))
+
+
 def cmd_doctor(args) -> int:
+    import importlib
+
     import backends
     from bench import launch
     from bench.plan.sweep import check_writable, parse_backends
@@ -572,23 +629,34 @@ def cmd_doctor(args) -> int:
     names = parse_backends(args.backends)
     out = Path(args.results)
     check_writable(out)
-    measured_plan = plan(gpus, ",".join(names), out / "raw", tier["precisions"])  # bad input fails here
+    swept = [] if args.skip_sweep else sweep_backends(names, args.backends, args.full)
+    measured_plan = plan(gpus, ",".join(swept), out / "raw", tier["precisions"]) if swept else []  # bad input: here
     from bench.core.devices import usable_cpus
 
-    jobs = args.jobs or gpu_plan.default_jobs(usable_cpus())
+    cpus = usable_cpus()
+    jobs = args.jobs or gpu_plan.default_jobs(cpus)
     launches = gpu_plan.launches(min(gpus, 2), names)
     env_meta = environment.collect_env()
     gpu_name = (env_meta.get("gpu_names") or ["?"])[0]
-    estimate = gpu_plan.estimate_seconds(launches, jobs)
-    print(f"doctor: {'full' if args.full else 'quick'} tier on {gpus} GPU(s) ({gpu_name}): {len(launches)} launches "
-          f"({sum(x.trees for x in launches)} process trees), {jobs} at once, about {estimate:.0f} s; then the gpu "
-          f"tests on their records{' and the measured sweep' if args.full else ''}; budget {budget:.0f} s",
-          file=sys.stderr, flush=True)
     from backends import horovod
 
-    horovod_built = "horovod" not in names or horovod.problem() is None
-    if not horovod_built and not args.full:
+    horovod_built = gpu_plan.BUILT_BESIDE not in names or horovod.problem() is None
+    builds = []
+    if tier["build"] and not horovod_built:
+        builds.append(gpu_plan.horovod_build(Path(sys.prefix), int(os.environ.get("BUILD_JOBS") or
+                                                                   gpu_plan.build_jobs(cpus)),
+                                             out / "horovod-build.log"))
+    else:  # nothing to wait for: Horovod's launches start, or are skipped, as any other
+        launches = [dataclasses.replace(x, after="") for x in launches]
+    print(estimate_line("full" if args.full else "quick", gpus, gpu_name, launches, jobs, budget,
+                        builds[0].env["BUILD_JOBS"] if builds else None, len(measured_plan), not args.skip_tests),
+          file=sys.stderr, flush=True)
+    if not horovod_built and not builds:
         print(f"doctor: horovod: not built ({HOROVOD_BUILD})", file=sys.stderr, flush=True)
+    for b in builds:
+        b.start()
+        print(f"doctor: building {b.what} beside the plan: {b.summary()['command']} (log: {b.log})", file=sys.stderr,
+              flush=True)
     try:
         with nvml.open() as n:
             gpu_bytes = n.memory_total(environment.visible_nvml_indices(n.count())[0])
@@ -596,17 +664,27 @@ def cmd_doctor(args) -> int:
         gpu_bytes = None
         print(f"doctor: the plan is not gated by GPU memory ({e})", file=sys.stderr, flush=True)
     deadline = start + budget
-    tests_reserve = 0.0 if args.skip_tests else TESTS_S
-    manifest = gpu_plan.run(launches, out / "plan", jobs, deadline - tests_reserve, gpu_bytes,
-                            say=lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
-    tests = None
-    if not args.skip_tests:
-        left = max(TESTS_S, deadline - time.monotonic())
-        print(f"doctor: pytest -m gpu on the plan's records, {left:.0f} s at most (log: {out / 'gpu-tests.log'}) ...",
-              file=sys.stderr, flush=True)
-        tests = run_tests(left, out, args.test_timeout, args.test_jobs or jobs, plan_dir=out / "plan")
+    reserve = (0.0 if args.skip_tests else TESTS_S) + (len(measured_plan) * MEASURED_RUN_S if args.full else 0.0)
+    try:
+        manifest = gpu_plan.run(launches, out / "plan", jobs, deadline - reserve, gpu_bytes,
+                                say=lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True), builds=builds)
+        tests = None
+        if not args.skip_tests:
+            left = max(TESTS_S, deadline - time.monotonic() - (reserve - TESTS_S))
+            print(f"doctor: pytest -m gpu on the plan's records, {left:.0f} s at most (log: {out / 'gpu-tests.log'}) "
+                  "...", file=sys.stderr, flush=True)
+            tests = run_tests(left, out, args.test_timeout, args.test_jobs or jobs, plan_dir=out / "plan")
+        for b in builds:  # the measured sweep runs alone: the build ends first (or is stopped at the budget)
+            if b.state() is None:
+                print(f"doctor: waiting for {b.name} before the measured sweep (log: {b.log})", file=sys.stderr,
+                      flush=True)
+            horovod_built = b.wait(deadline) == ""
+            importlib.invalidate_caches()  # what it installed, for this process's planner and launcher
+    finally:
+        for b in builds:
+            b.stop()
     measured = []
-    for i, cfg in enumerate([] if args.skip_sweep else measured_plan, 1):
+    for i, cfg in enumerate(measured_plan, 1):
         left = deadline - time.monotonic()
         if left < MIN_RUN_S:
             measured.append({"backend": cfg.backend, "world_size": cfg.world_size, "precision": cfg.precision,
@@ -622,7 +700,8 @@ def cmd_doctor(args) -> int:
     if args.full:
         name = baseline_name(gpus)
         baseline_cmd = f"make baseline GPUS={gpus}" + (f"  (writes results/baselines/{name}.json)" if name else "")
-    text, failed = report(manifest, out / "plan", names, tests, measured, args.full, horovod_built, baseline_cmd)
+    text, failed = report(manifest, out / "plan", names, tests, measured, args.full, horovod_built, baseline_cmd,
+                          [b.summary() for b in builds])
     print(f"bench doctor ({'full' if args.full else 'quick'}): {gpus} GPU(s) ({gpu_name}), "
           f"{time.monotonic() - start:.0f} s")
     print(text)

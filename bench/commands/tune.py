@@ -20,6 +20,11 @@ It follows the suite's rules:
   what is left): 1.25 x the slowest trial so far, plus what compiling adds; a backend's first trial is estimated from
   the others' (the very first starts). No trial may outlast the whole budget: its time limit is what is left of it.
 
+- **Presets.** ``--preset gpu-best`` (PRESETS) is the question one GPU answers first: single, ddp and fsdp2 at one GPU
+  on ResNet-50 and gpt-350m at bf16 (fp16 where the GPU lacks it), each from the GPU sweep's starting point (ResNet-50
+  at batch 256 with channels_last, gpt-350m at 8 sequences), --compile tried first (the largest lever published:
+  torchtitan's), then the batch and the backend's own knobs, windows of 1 s, in 540 s. Every flag given wins.
+
 Each backend's best is written as a reusable ``bench run`` command line, and all of it to RESULTS/tune/summary-*.json
 (bench/core/tune.py), which the report reads ("At their best (bench tune)", and one line of the verdict); ``bench report``
 reads a folder of tune results alone too. Exit codes: 0, 1 when a backend's starting point failed, 2 bad input or
@@ -39,11 +44,25 @@ DEFAULT_BUDGET_S = 600.0
 BATCH_STEPS = 3  # at most 2x, 4x, 8x the default batch (doubling stops at the first that does not win)
 # the common settings a user tries besides the default; a backend's own come from it (Backend.tune_space)
 TRY = {"channels_last": (True,), "compile": (True,)}
-COMPILE_EXTRA_S = {"cpu": 60.0, "cuda": 120.0}  # what compiling adds to a run, for the budget's estimate
+# What compiling adds to a run, for the budget's estimate. CUDA's is not measured yet: ResNet-50's and gpt-350m's first
+# compile on an H100-class GPU is taken to be tens of seconds (the record's compile_seconds will say: the GPU evidence's
+# tune run, scripts/gpu_evidence.sh, records each --compile trial's)
+COMPILE_EXTRA_S = {"cpu": 60.0, "cuda": 45.0}
 # A trial is started only when this many times the slowest ok trial so far (plus what compiling adds) fits in what is
 # left: trials of one backend vary (a doubled batch, a busy machine), and a budget is a promise
 ESTIMATE_MARGIN = 1.25
 NOT_WITH_TUNE = ("find_max_batch", "find_max_model", "reference", "resume", "trace", "external", "repeat")
+# --preset NAME: flags filled where the user gave none. ``batches``: each workload's starting batch; ``first``: the
+# settings tried first (in the order of what they are expected to give). gpu-best: single, ddp and fsdp2 at their best on
+# one GPU, for the GPU evidence (issue 63). Its budget is what 6 targets need for a starting trial (about 20 s on one
+# GPU: a process tree's start, 13-28 s in the GPU check) and a --compile trial each (1.25 x that + COMPILE_EXTRA_S, 70
+# s): 540 s, 90 s a target where none finishes early; 300 s would hold no --compile trial. A trial runs only when its
+# estimate fits what is left, so --budget-s buys the batch and the backends' own knobs after --compile
+PRESETS: dict[str, dict] = {
+    "gpu-best": {"backends": "single,ddp,fsdp2", "model": "resnet50,gpt-350m", "gpus": "1", "budget_s": 540.0,
+                 "window_s": 1.0, "windows": 3, "channels_last": True, "batches": {"resnet50": 256, "gpt-350m": 8},
+                 "first": ("compile",), "device": "cuda"},
+}
 
 
 def register(sub) -> None:
@@ -51,8 +70,12 @@ def register(sub) -> None:
 
     t = sub.add_parser("tune", help="each backend's fastest configuration within a time budget (batch, channels_last, "
                                     "--compile, cuDNN benchmark, its own knobs), as a reusable bench run command")
-    t.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
-                   help=f"seconds for the whole search, shared by the backends (default {DEFAULT_BUDGET_S:g})")
+    t.add_argument("--budget-s", type=float,
+                   help=f"seconds for the whole search, shared by the backends (default {DEFAULT_BUDGET_S:g}; a "
+                        "preset's own)")
+    t.add_argument("--preset", help=f"a search made for a question ({', '.join(PRESETS)}): gpu-best is single, ddp "
+                                    "and fsdp2 on one GPU, ResNet-50 and gpt-350m, --compile first, 540 s; every flag "
+                                    "given wins")
     add_run_arguments(t)
     t.set_defaults(func=cmd_tune)
 
@@ -64,10 +87,12 @@ def above(candidate: dict, incumbent: dict) -> bool:
     return bool(candidate.get("ci95") and incumbent.get("ci95")) and candidate["ci95"][0] > incumbent["ci95"][1]
 
 
-def dimensions(name: str, fixed: set[str], device_type: str, kind: str, batch: int) -> list[tuple[str, tuple]]:
+def dimensions(name: str, fixed: set[str], device_type: str, kind: str, batch: int,
+               first: tuple[str, ...] = ()) -> list[tuple[str, tuple]]:
     """What to try for backend ``name``, in order: (setting, the values to try besides the default): the batch,
     channels_last, cuDNN's search, then the backend's own search space (``Backend.tune_space``, declared in its file:
-    a new backend brings its own), --compile last. ``fixed``: settings the user gave."""
+    a new backend brings its own), --compile last; the settings in ``first`` (a preset's) before the others.
+    ``fixed``: settings the user gave."""
     import backends
 
     backend = backends.create(name)
@@ -82,6 +107,7 @@ def dimensions(name: str, fixed: set[str], device_type: str, kind: str, batch: i
     dims += [(k, values) for k, values in backend.tune_space().items() if k in knob_keys]
     if "compile" in knob_keys:
         dims.append(("compile", TRY["compile"]))
+    dims = [d for k in first for d in dims if d[0] == k] + [d for d in dims if d[0] not in first]
     return [(k, v) for k, v in dims if k not in fixed]
 
 
@@ -204,21 +230,42 @@ def flags_of(settings: dict) -> list[str]:
 
 
 def targets(configs: list, every_size: bool) -> list:
-    """What to tune: the sweep's own configurations (``bench run``'s plan for the same flags), one per backend and world
-    size (the backend's own run, not DataParallel's labelled cudnn.benchmark-off variant). Without ``--gpus``, each
-    backend at the largest world size the sweep runs it at (on CPU: single at 1, the others at the sweep's top); with
-    ``--gpus``, at each size listed."""
+    """What to tune: the sweep's own configurations (``bench run``'s plan for the same flags), one per backend, workload
+    and world size (the backend's own run, not DataParallel's labelled cudnn.benchmark-off variant). Without
+    ``--gpus``, each backend at the largest world size the sweep runs it at (on CPU: single at 1, the others at the
+    sweep's top); with ``--gpus``, at each size listed."""
     own: dict[tuple, RunConfig] = {}
     for c in configs:
         if c.cudnn_benchmark is not False:
-            own.setdefault((c.backend, c.world_size), c)
+            own.setdefault((c.backend, c.model, c.world_size), c)
     if every_size:
         return list(own.values())
-    top: dict[str, RunConfig] = {}
-    for (name, n), c in own.items():
-        if name not in top or n > top[name].world_size:
-            top[name] = c
+    top: dict[tuple, RunConfig] = {}
+    for (name, model, n), c in own.items():
+        if (name, model) not in top or n > top[(name, model)].world_size:
+            top[(name, model)] = c
     return list(top.values())
+
+
+def apply_preset(args) -> dict:
+    """Fill from ``--preset`` what the user did not give (every flag given wins); the preset, or {} without one."""
+    if not args.preset:
+        return {}
+    if args.preset not in PRESETS:
+        raise UsageError(f"--preset {args.preset!r}: unknown preset; choose from {', '.join(PRESETS)}")
+    preset = PRESETS[args.preset]
+    for key in ("backends", "model", "budget_s", "window_s", "windows"):
+        if getattr(args, key, None) is None and not (key == "window_s" and args.steps is not None):
+            setattr(args, key, preset[key])
+    if args.device == "auto":
+        args.device = preset["device"]
+    if not args.gpus and not args.max_gpus:
+        args.gpus = preset["gpus"]
+    if args.precision is None and preset["device"] == "cuda":
+        from bench.plan.sweep import gpu_precision
+
+        args.precision = gpu_precision()
+    return preset
 
 
 def cmd_tune(args) -> int:
@@ -234,17 +281,21 @@ def cmd_tune(args) -> int:
     given = [f"--{k.replace('_', '-')}" for k in NOT_WITH_TUNE if getattr(args, k, None) not in (None, False)]
     if given:
         raise UsageError(f"bench tune runs one timed run per candidate; {', '.join(given)} is for bench run")
+    preset = apply_preset(args)
+    if args.budget_s is None:
+        args.budget_s = DEFAULT_BUDGET_S
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s must be a positive number of seconds, got {args.budget_s:g}")
-    base = argv_of(args, drop=("backends", "gpus", "max_gpus", "results"))
+    base = argv_of(args, drop=("backends", "gpus", "max_gpus", "results", "model", "preset", "budget_s"))
     sizes = ["--gpus", args.gpus] if args.gpus else ["--max-gpus", args.max_gpus] if args.max_gpus else []
+    models = ["--model", args.model] if args.model else []
     # bench run's own plan for these flags: every check, and the world sizes and thread shares the sweep would use
-    configs, _ = plan(parse_run([*base, "--backends", args.backends, *sizes, "--results", args.results]))
+    configs, _ = plan(parse_run([*base, *models, "--backends", args.backends, *sizes, "--results", args.results]))
     todo = targets(configs, every_size=bool(args.gpus))
-    why = {(c.backend, c.world_size): skip_reason(c) for c in todo}
+    why = {(c.backend, c.model, c.world_size): skip_reason(c) for c in todo}
     if all(why.values()):
         parts: dict[str, list[str]] = {}
-        for (name, n), reason in why.items():
+        for (name, _, n), reason in why.items():
             parts.setdefault(reason, []).append(f"{name} x{n}")
         raise UsageError(f"nothing to run: every backend to tune would be skipped here "
                          f"({'; '.join(', '.join(v) + ': ' + r for r, v in parts.items())})")
@@ -260,19 +311,35 @@ def cmd_tune(args) -> int:
     summaries, first, slowest, peak_warned = [], None, None, set()
     stamp = results.new_run_id("tune", max(c.world_size for c in todo)).split("-tune")[0]
     deadline = start + args.budget_s
+    models_of = list(dict.fromkeys(c.model for c in todo))
+    if preset:
+        print(f"tune --preset {args.preset}: {len(todo)} targets ({', '.join(dict.fromkeys(c.backend for c in todo))} "
+              f"x {', '.join(dict.fromkeys(c.model for c in todo))}) at {', '.join(sorted({str(c.world_size) for c in todo}))} "
+              f"GPU(s), {todo[0].precision}, {args.budget_s:g} s: about {args.budget_s / len(todo):.0f} s each where "
+              f"none finishes early; tried first: {', '.join(preset['first'])}", flush=True)
     for i, target in enumerate(todo):
         name, n = target.backend, target.world_size
-        run_args = [*base, "--backends", name, "--gpus", str(n), "--results", str(raw)]
+        vision = target.workload.kind == "vision"
+        start_at = []  # the preset's starting point for this workload, where the user gave none
+        if preset and args.batch_size is None and target.model in preset["batches"]:
+            start_at += ["--batch-size", str(preset["batches"][target.model])]
+        if preset and preset.get("channels_last") and vision and args.channels_last is None:
+            start_at.append("--channels-last")
+        # of several workloads' flags, each takes its own (bench run's rule): --image-size the images', --seq-len the GPTs'
+        shared = without(base, "--seq-len" if vision else "--image-size") if len(models_of) > 1 else base
+        run_args = [*shared, "--model", target.model, *start_at, "--backends", name, "--gpus", str(n), "--results",
+                    str(raw)]
 
         def configure(settings, run_args=run_args, target=target):
             configs, _ = plan(parse_run([*run_args, *flags_of(settings)]))
             # the backend's own run, with the sweep's share of the cores (a CPU sweep gives every rank the same)
             return dataclasses.replace(configs[0], threads=target.threads)
 
-        reason = why[(name, n)]
+        reason = why[(name, target.model, n)]
         if reason:
             print(f"tune {name} x{n}: skipped: {reason}", file=sys.stderr)
-            summaries.append({"backend": name, "world_size": n, "status": "skipped", "reason": reason})
+            summaries.append({"backend": name, "model": target.model, "world_size": n, "status": "skipped",
+                              "reason": reason})
             continue
         first = first or target
 
@@ -295,14 +362,19 @@ def cmd_tune(args) -> int:
                 status, reason = "stopped", f"stopped at the end of the budget, after {took:.0f} s"
             return {"status": status, "reason": reason, "median": rec.get("throughput"),
                     "ci95": rec.get("throughput_ci95"), "run_id": rec["run_id"], "seconds": took,
+                    "mfu_measured": rec.get("mfu_measured"), "mfu": rec.get("mfu"),
                     "unit": f"{workloads.sample_unit(rec)}/s", "disturbed": bool(rec.get("disturbed")),
                     "disturbed_reasons": rec.get("disturbed_reasons") or []}
 
         share = (deadline - time.monotonic()) / (len(todo) - i)  # an even share of what is left (early finishers give)
         unit = f"{workloads.sample_unit(target.to_dict())}/s"
-        print(f"tune {name} x{n} ({max(0.0, share):.0f} s of the budget):", flush=True)
-        dims = dimensions(name, fixed, device_type,
-                          target.workload.kind, target.batch_size)
+        print(f"tune {name} x{n} {target.model} ({max(0.0, share):.0f} s of the budget):", flush=True)
+        try:
+            batch = configure({}).batch_size  # where the batch search starts: a preset's, the flag's or the default
+        except UsageError:
+            batch = target.batch_size  # the starting point is refused: its trial says why
+        dims = dimensions(name, fixed | ({"channels_last"} if "--channels-last" in start_at else set()), device_type,
+                          target.workload.kind, batch, preset.get("first", ()))
         found = search(dims, measure, share, clock=time.monotonic, first_s=slowest, unit=unit,
                        extra_s=lambda s: COMPILE_EXTRA_S[device_type] if s.get("compile") else 0,
                        say=lambda text: print(text, flush=True))
@@ -312,7 +384,7 @@ def cmd_tune(args) -> int:
         command = None if best is None else shlex.join(
             ["python", "-m", "bench", "run", *reproduce(run_args[:-2], flags_of(widen_warmup(best["settings"], configure)))])
         status = "ok" if best else "not run" if default["status"] in ("not run", "stopped") else "failed"
-        summaries.append({"backend": name, "world_size": n, "status": status,
+        summaries.append({"backend": name, "model": target.model, "world_size": n, "status": status,
                           "reason": None if best else default.get("reason") or default.get("verdict"),
                           "budget_s": share, "spent_s": found["spent_s"], "default": default, "best": best,
                           "command": command, "trials": found["trials"],
@@ -341,6 +413,18 @@ def exit_code(summaries: list[dict]) -> int:
     if any(s.get("disturbed_trials") for s in summaries):
         return EXIT_INCONCLUSIVE
     return EXIT_OK
+
+
+def without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` less ``flag`` and its value."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def reproduce(shared: list[str], best: list[str]) -> list[str]:
@@ -373,22 +457,33 @@ def widen_warmup(settings: dict, configure) -> dict:
         return {**settings, "warmup": int(least.group(1))}
 
 
+def mfu_pair(d: dict | None, b: dict | None) -> str | None:
+    """MFU against the measured peak at the shared defaults and at the best: ``31.2% → 44.0%``."""
+    def pct(t):
+        return None if not t or t.get("mfu_measured") is None else f"{100 * t['mfu_measured']:.1f}%"
+
+    got = [pct(d), pct(b)]
+    return None if got == [None, None] else f"{got[0] or '—'} → {got[1] or '—'}"
+
+
 def table(doc: dict) -> str:
-    """Each backend at the shared defaults and at its best, as a Markdown table."""
+    """Each backend at the shared defaults and at its best, as a Markdown table: per workload where there are several,
+    with MFU against the measured peak at each."""
     from bench.core.text import md_table
     from bench.core.tune import describe
 
     rows = []
     for s in doc["backends"]:
+        head = [s["backend"], s.get("model") or (doc.get("workload") or {}).get("model"), s["world_size"]]
         if s["status"] == "skipped":
-            rows.append([s["backend"], s["world_size"], None, None, None, f"skipped: {s['reason']}"])
+            rows.append([*head, None, None, None, None, f"skipped: {s['reason']}"])
             continue
         d, b = s["default"], s["best"]
         thr = lambda t: None if not t or t.get("median") is None else (  # noqa: E731
             f"{t['median']:,.1f} {t.get('unit', '/s')} ({t['ci95'][0]:,.1f}–{t['ci95'][1]:,.1f})")
         gain = f"{b['median'] / d['median']:.2f}×" if b and d.get("median") else None
         note = f" (⚠ {s['disturbed_trials']} disturbed trial(s))" if s.get("disturbed_trials") else ""
-        rows.append([s["backend"], s["world_size"], thr(d), thr(b), gain,
+        rows.append([*head, thr(d), thr(b), gain, mfu_pair(d, b),
                      (describe(b["settings"]) if b else f"{s['status']}: {s['reason']}") + note])
-    return md_table(["backend", "world size", "at the shared defaults", "at its best", "best / defaults",
-                     "best settings"], rows, {1, 4})
+    return md_table(["backend", "workload", "world size", "at the shared defaults", "at its best", "best / defaults",
+                     "MFU (measured peak) defaults → best", "best settings"], rows, {2, 5})

@@ -12,6 +12,10 @@ One GPU or two:
   nvJPEG and DALI decoders, the energy counter over a span it resolves, a traced run read by HTA; on two GPUs also
   DeepSpeed, FSDP2, Horovod, DataParallel and NCCL's collectives at 2.
 
+Horovod's launches (its own ``verify-horovod`` among them) wait for ``BUILD``: under ``make gpu-check FULL=1`` Horovod
+is compiled beside the first launches (``Build``, scripts/build_horovod.sh) and they start when it is built, or fail
+with the build's first error; with no build running they start (or are skipped) as any other.
+
 The launches share the GPU (its memory allows: they are small) and divide the CPU cores between them (each gets its own
 cores, which its ranks inherit): a functional check, not a measurement. The doctor runs the plan, then ``pytest -m
 gpu`` with ``BENCH_GPU_PLAN_DIR`` pointing at it, and the tests only read its records; a plain ``pytest -m gpu`` runs
@@ -51,6 +55,14 @@ COLUMNS = ("bf16", "fp16", "fp32 (verify)", "2 ranks")
 CONCURRENT = "concurrent: a functional check, not a measurement"
 NOT_RUN = "not run (budget)"
 SKIPPED = "skipped"  # every run of the launch would be skipped here (a backend or loader missing): not started
+# The backend compiled beside the plan (make gpu-check FULL=1), and the name of its build: its launches wait for it
+BUILT_BESIDE = "horovod"
+BUILD = "horovod-build"
+# Horovod's build with CUDA and NCCL, by scripts/build_horovod.sh, at BUILD_JOBS = half the cores (niced) beside the
+# launches. Not yet measured on a GPU machine: 6 min on the 2-core Xeon VM (CPU build with CUDA parts), 189 s for the
+# CPU build on 2 cores (docs/gpu-machine.md); 16 cores at 8 jobs are taken to need 4 min. Replace with the figure
+# `make gpu-check FULL=1` prints (the manifest's builds.horovod-build.seconds).
+BUILD_SECONDS = 240.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +78,8 @@ class Launch:
     gib: float = 2.0
     gpus: int = 1
     env: tuple[tuple[str, str], ...] = ()
+    after: str = ""  # a build (Build.name) this launch waits for, where one runs beside the plan
+
 
     def command(self, results: Path | str) -> list[str]:
         return [sys.executable, "-m", "bench", *self.argv, "--results", str(results)]
@@ -97,11 +111,13 @@ def launches(gpus: int, names: list[str] | None = None, data_dir: str = "{imagen
                                                       "--precision", precision),
                               f"{name} at {precision} on one GPU, with the memory probe", (name,), precision,
                               env=tuple(MEMORY_PROBE.items())))
-    size = math.ceil(len(names) / VERIFY_GROUPS)
-    for i in range(0, len(names), size):
-        group = names[i:i + size]
-        out.append(Launch(f"verify-{i // size + 1}", ("verify", "--backends", ",".join(group), "--gpus", "1",
-                                                      "--device", "cuda", "--steps", "8"),
+    # the backend built beside the plan in a verify launch of its own, so that no other backend waits for its build
+    grouped = [n for n in names if n != BUILT_BESIDE]
+    size = max(1, math.ceil(len(grouped) / VERIFY_GROUPS))
+    groups = [(f"verify-{i // size + 1}", grouped[i:i + size]) for i in range(0, len(grouped), size)]
+    for name, group in groups + ([(f"verify-{BUILT_BESIDE}", [BUILT_BESIDE])] if BUILT_BESIDE in names else []):
+        out.append(Launch(name, ("verify", "--backends", ",".join(group), "--gpus", "1", "--device", "cuda",
+                                 "--steps", "8"),
                           f"fp32: {', '.join(group)} train the model single trains (bench verify)", tuple(group),
                           "fp32 (verify)", trees=1 + len(group)))
     two = [n for n in names if runs_at_two(n) and (gpus >= 2 or shares_a_gpu(n))]
@@ -147,7 +163,14 @@ def launches(gpus: int, names: list[str] | None = None, data_dir: str = "{imagen
         out += two_gpu_launches(names)
     # launches that share the GPU neither measure its matmul peak (it would read low, and be cached for later sweeps)
     # nor read one: their MFU is against the datasheet
-    return [dataclasses.replace(x, argv=(*x.argv, "--skip-peak")) if x.argv[0] == "run" else x for x in out]
+    out = [dataclasses.replace(x, argv=(*x.argv, "--skip-peak")) if x.argv[0] == "run" else x for x in out]
+    return [dataclasses.replace(x, after=BUILD) if BUILT_BESIDE in uses(x) else x for x in out]
+
+
+def uses(x: Launch) -> set[str]:
+    """The backends a launch runs: those its row fills, and those its ``--backends`` names."""
+    named = x.argv[x.argv.index("--backends") + 1].split(",") if "--backends" in x.argv else []
+    return set(x.backends) | set(named)
 
 
 def two_gpu_launches(names: list[str]) -> list[Launch]:
@@ -184,11 +207,16 @@ def two_gpu_launches(names: list[str]) -> list[Launch]:
     return out
 
 
-def estimate_seconds(plan: list[Launch], jobs: int) -> float:
-    """The plan's time at ``jobs`` launches at once: its process trees at SECONDS_PER_TREE each, shared out."""
-    trees = sum(x.trees for x in plan)
-    longest = max((x.trees for x in plan), default=0)
-    return SECONDS_PER_TREE * max(trees / max(1, jobs), longest)
+def estimate_seconds(plan: list[Launch], jobs: int, build_s: float | None = None) -> float:
+    """The plan's time at ``jobs`` launches at once: its process trees at SECONDS_PER_TREE each, shared out; with a
+    build of ``build_s`` beside it, the launches that wait for it start no sooner than it ends."""
+    def spread(launches):
+        trees = sum(x.trees for x in launches)
+        longest = max((x.trees for x in launches), default=0)
+        return SECONDS_PER_TREE * max(trees / max(1, jobs), longest)
+
+    held = [x for x in plan if x.after] if build_s is not None else []
+    return max(spread(plan), build_s + spread(held)) if held else spread(plan)
 
 
 def default_jobs(cpus: int) -> int:
@@ -198,6 +226,80 @@ def default_jobs(cpus: int) -> int:
 
 def timeout_for(launch: Launch) -> float:
     return 120.0 + 90.0 * launch.trees
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A build beside the plan
+
+class Build:
+    """A command started in a session of its own beside the plan, its output in ``log``. ``state()``: None while it
+    runs, "" once it succeeded, else why it failed (its log's ``FAILED:`` line, else its last line): the launches
+    that wait for it (``Launch.after``) then fail with that line."""
+
+    def __init__(self, name: str, command: list[str], log: Path, env: dict | None = None, what: str = ""):
+        self.name, self.command, self.log, self.env, self.what = name, command, Path(log), env, what
+        self.proc: subprocess.Popen | None = None
+        self.started = self.ended = None
+        self.stopped = False
+
+    def start(self) -> "Build":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(self.command, cwd=REPO_ROOT, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.started = time.monotonic()
+        return self
+
+    def state(self) -> str | None:
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        if self.ended is None:
+            self.ended = time.monotonic()
+        if self.stopped:
+            return "stopped by the time budget before it finished"
+        if self.proc.returncode == 0:
+            return ""
+        try:
+            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            lines = []
+        failed = [ln for ln in lines if "FAILED:" in ln]
+        return (failed or lines or [f"exit {self.proc.returncode}"])[-1] + f" (exit {self.proc.returncode})"
+
+    def wait(self, deadline: float, clock=time.monotonic) -> str:
+        """Until it ends or ``deadline``, where it is stopped; its final state."""
+        while self.state() is None and clock() < deadline:
+            time.sleep(0.5)
+        if self.state() is None:
+            self.stop()
+        return self.state()
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, SIGKILL after: what it would have installed is not there."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.stopped = True
+            _stop(self.proc)
+
+    def summary(self) -> dict:
+        state = self.state()
+        end = self.ended if self.ended is not None else time.monotonic()
+        return {"what": self.what, "command": shlex.join(self.command), "log": str(self.log),
+                "status": "running" if state is None else ("built" if state == "" else "failed"), "reason": state or None,
+                "rc": None if self.proc is None else self.proc.returncode,
+                "seconds": None if self.started is None else round(end - self.started, 1)}
+
+
+def build_jobs(cpus: int) -> int:
+    """Compile jobs beside the plan: half the cores (the launches keep the rest, and the build runs niced)."""
+    return max(2, cpus // 2)
+
+
+def horovod_build(venv: Path, jobs: int, log: Path) -> Build:
+    """scripts/build_horovod.sh into ``venv`` with ``jobs`` compile jobs (WHEELS, offline, and the script's other
+    variables pass through from the environment: make gpu-check FULL=1 WHEELS=DIR)."""
+    return Build(BUILD, ["bash", str(REPO_ROOT / "scripts" / "build_horovod.sh"), str(venv)], log,
+                 env={**os.environ, "BUILD_JOBS": str(jobs)},
+                 what=f"Horovod with NCCL, {jobs} compile jobs (scripts/build_horovod.sh)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,11 +349,14 @@ def skip_reason(argv: list[str]) -> str | None:
 
 
 def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: int | None = None, say=print,
-        clock=time.monotonic, cpus: list[int] | None = None, skip=skip_reason) -> dict:
+        clock=time.monotonic, cpus: list[int] | None = None, skip=skip_reason, builds: list[Build] | None = None) -> dict:
     """Run ``plan`` into ``out`` (one folder per launch, its log beside it), ``jobs`` at once, each on its share of
     the cores (``slot``, ``cpus``), as GPU memory allows (``gpu_bytes``: the GPU's, None: not gated); a launch not
     started by ``deadline`` is not run, and one whose every run would be skipped here (``skip(argv)``, its reason) is
-    not started. Writes and returns the manifest (``out/plan.json``), rewritten as each launch ends."""
+    not started. A launch whose build (``Launch.after``) is among ``builds``, running beside the plan, waits for it:
+    it starts once the build succeeded (what the build installed decides, not the skip known before it), and fails
+    with the build's first error otherwise. Writes and returns the manifest (``out/plan.json``, the builds in it),
+    rewritten as each launch or build ends."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = image_tree(out / "imagenet")
@@ -259,8 +364,10 @@ def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: in
     jobs = max(1, min(jobs, len(cpus)))
     slices = [cpus[i::jobs] for i in range(jobs)]
     budget = None if gpu_bytes is None else MEMORY_SHARE * gpu_bytes / 2 ** 30
+    by_name = {b.name: b for b in builds or []}
     manifest = {"schema": PLAN_SCHEMA, "kind": "gpu-plan", "label": CONCURRENT, "jobs": jobs, "launches": {},
-                "started_at": time.time(), "finished_at": None, "complete": False}
+                "builds": {n: b.summary() for n, b in by_name.items()}, "started_at": time.time(), "finished_at": None,
+                "complete": False}
     todo = sorted(plan, key=lambda x: -x.trees)  # the longest first: the plan ends sooner
     running: dict[str, tuple[Launch, subprocess.Popen, int, float]] = {}
     free = list(range(jobs))
@@ -274,9 +381,35 @@ def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: in
                 "command": x.shell(), "reason": None, **kw}
 
     def save():
+        manifest["builds"] = {n: b.summary() for n, b in by_name.items()}
         write_json_atomic(manifest, out / MANIFEST, overwrite=True)
 
+    def building(x: Launch) -> bool:
+        return x.after in by_name and by_name[x.after].state() is None
+
+    ended: set[str] = set()
+
+    def builds_ended():
+        """Each build that ended since the last look: said once; the launches waiting for a failed one fail."""
+        for name, b in by_name.items():
+            state = b.state()
+            if state is None or name in ended:
+                continue
+            ended.add(name)
+            seconds = b.summary()["seconds"]
+            say(f"[plan] {name}: " + ("built" if state == "" else f"failed: {state}") + f" in {seconds:.0f} s "
+                f"(log: {b.log})")
+            for x in [x for x in todo if x.after == name and state]:
+                todo.remove(x)
+                manifest["launches"][x.name] = entry(x, status="failed", reason=f"{name} failed: {state}", rc=None,
+                                                     seconds=0.0, slot=None, cpus=[])
+                say(f"[plan] {x.name}: failed ({name} failed)")
+            save()
+
     for x in list(todo):
+        if x.after in by_name:  # what the build installs decides: it is not known yet
+            say(f"[plan] {x.name}: waits for {x.after}")
+            continue
         why = skip(argv_here(x))
         if why:
             todo.remove(x)
@@ -287,6 +420,7 @@ def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: in
 
     try:
         while todo or running:
+            builds_ended()
             now = clock()
             for name, (x, proc, k, started) in list(running.items()):
                 late = now - started > timeout_for(x) or now > deadline + 60
@@ -304,7 +438,8 @@ def run(plan: list[Launch], out: Path, jobs: int, deadline: float, gpu_bytes: in
                 save()
             held = sum(x.gib for x, *_ in running.values())
             while todo and free and clock() < deadline:
-                fits = [x for x in todo if budget is None or held + x.gib <= budget or not running]
+                fits = [x for x in todo if not building(x) and (budget is None or held + x.gib <= budget
+                                                                  or not running)]
                 if not fits:
                     break
                 x = fits[0]

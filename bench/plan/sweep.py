@@ -174,7 +174,7 @@ def run_defaults(args, quick: bool = False) -> list[str]:
     device_type = detect_device(args.device)[0]
     chosen: dict = {}
     if device_type == "cuda":
-        chosen.update(GPU_SWEEP, precision=_gpu_precision())
+        chosen.update(GPU_SWEEP, precision=gpu_precision())
     if quick:
         chosen.update(QUICK if device_type == "cuda" else {"repeat": 1, "backends": QUICK["backends"]})
     if args.steps is not None:  # windows of a step count, asked for: the windows' count is the device's default too
@@ -202,7 +202,7 @@ FLAG_OF = {"model": "--model", "repeat": "--repeat", "window_s": "--window-s", "
            "backends": "--backends", "channels_last": "--channels-last (convolutions)", "precision": "--precision"}
 
 
-def _gpu_precision() -> str:
+def gpu_precision() -> str:
     """bf16 where every GPU here computes it natively (compute capability 8.0 or newer, read from NVML), else fp16;
     bf16 where NVML cannot say."""
     from bench.core import cuda, nvml

@@ -22,6 +22,19 @@ def _ok(doc: dict) -> list[dict]:
     return [s for s in doc["backends"] if s["status"] == "ok" and s.get("best") and s["best"].get("median")]
 
 
+def _model(s: dict, doc: dict) -> str | None:
+    return s.get("model") or (doc.get("workload") or {}).get("model")
+
+
+def _mfu(d: dict | None, b: dict | None) -> str | None:
+    """MFU against the measured peak at the shared defaults and at the best: ``31.2% → 44.0%``."""
+    def pct(t):
+        return None if not t or t.get("mfu_measured") is None else f"{100 * t['mfu_measured']:.1f}%"
+
+    got = [pct(d), pct(b)]
+    return None if got == [None, None] else f"{got[0] or '—'} → {got[1] or '—'}"
+
+
 def section(doc: dict | None) -> list[str]:
     if not doc:
         return []
@@ -31,35 +44,49 @@ def section(doc: dict | None) -> list[str]:
     for s in doc["backends"]:
         d, b = s.get("default"), s.get("best")
         note = f" ⚠ {s['disturbed_trials']} disturbed" if s.get("disturbed_trials") else ""
-        rows.append([s["backend"], s["world_size"], _thr(d), _thr(b),
-                     f"{b['median'] / d['median']:.2f}×" if b and d and d.get("median") else None,
+        rows.append([s["backend"], _model(s, doc), s["world_size"], _thr(d), _thr(b),
+                     f"{b['median'] / d['median']:.2f}×" if b and d and d.get("median") else None, _mfu(d, b),
                      tune.describe(b["settings"]) if b else f"{s['status']}: {s.get('reason')}",
                      f"{len(s.get('trials') or [])}{note}", f"`{s['command']}`" if s.get("command") else None])
     w = doc.get("workload") or {}
-    what = ", ".join(f"{k} {w[k]}" for k in ("model", "image_size", "seq_len", "precision") if w.get(k))
+    models = list(dict.fromkeys(filter(None, (_model(s, doc) for s in doc["backends"]))))
+    if len(models) > 1:  # each workload's own sizes are in its trials' records
+        what = ", ".join([f"models {', '.join(models)}"] + [f"precision {w['precision']}"] * bool(w.get("precision")))
+    else:
+        what = ", ".join(f"{k} {w[k]}" for k in ("model", "image_size", "seq_len", "precision") if w.get(k))
     return ["## At their best (bench tune)", "",
             f"From `{doc['_path']}` ({doc['hardware']}, {doc['device_type']}, {what}; budget {doc['budget_s']:g} s, "
             f"{doc['spent_s']:.0f} s spent): each backend searched from the shared defaults, one setting at a time "
             "(batch, channels_last, cuDNN benchmark, its own knobs, --compile); a candidate replaced the incumbent only "
             "when its 95% interval lay above the incumbent's and neither run was disturbed (⚠: trials another process "
-            "disturbed, which decided nothing). The command reproduces the best.", "",
-            md_table(["backend", "world size", "at the shared defaults", "at its best", "best / defaults",
-                      "best settings", "trials", "bench run"], rows, {1, 4, 6}), ""]
+            "disturbed, which decided nothing). MFU is against the matmul peak measured on this machine (`bench "
+            "peak`). The command reproduces the best.", "",
+            md_table(["backend", "workload", "world size", "at the shared defaults", "at its best", "best / defaults",
+                      "MFU (measured peak) defaults → best", "best settings", "trials", "bench run"], rows, {2, 5, 8}),
+            ""]
 
 
 def verdicts(doc: dict | None) -> list[dict]:
-    """One verdict entry: the fastest backend at its best, and at the shared defaults, from the tune summary."""
+    """One verdict entry per workload: the fastest backend at its best, and at the shared defaults, from the tune
+    summary."""
     ok = _ok(doc) if doc else []
-    if not ok:
-        return []
+    groups: dict = {}
+    for s in ok:
+        groups.setdefault(_model(s, doc), []).append(s)
+    return [_verdict(doc, model, group, len(groups) > 1) for model, group in groups.items()]
+
+
+def _verdict(doc: dict, model: str | None, ok: list[dict], named: bool) -> dict:
     at_best = sorted(ok, key=lambda s: -s["best"]["median"])
     at_default = sorted([s for s in ok if s["default"].get("median")], key=lambda s: -s["default"]["median"])
     top, unit = at_best[0], at_best[0]["best"].get("unit", "/s")
     tied = [s["backend"] for s in at_best[1:] if s["best"]["ci95"][1] >= top["best"]["ci95"][0]]
     # a best or a starting point another process disturbed decides nothing (bench tune exits 3 on them)
     disturbed = [s["backend"] for s in ok if s["best"].get("disturbed") or (s.get("default") or {}).get("disturbed")]
-    head = (f"At their best (bench tune): {top['backend']} is fastest, {top['best']['median']:,.1f} {unit} with "
-            f"{tune.describe(top['best']['settings'])}"
+    mfu = top["best"].get("mfu_measured")
+    head = (f"At their best (bench tune){f', {model}' if named else ''}: {top['backend']} is fastest, "
+            f"{top['best']['median']:,.1f} {unit} with {tune.describe(top['best']['settings'])}"
+            + (f", {100 * mfu:.1f}% MFU against the measured peak" if mfu is not None else "")
             + (f" (its interval overlaps {', '.join(tied)}: not established)" if tied else "")
             + (f" (trials of {', '.join(disturbed)} were disturbed: not established; bench tune again on a quiet "
                "machine)" if disturbed and not tied else "")
@@ -69,10 +96,11 @@ def verdicts(doc: dict | None) -> list[dict]:
              + (f", within noise of {', '.join(tied)}." if tied else
                 f", but trials of {', '.join(disturbed)} were disturbed: no winner established." if disturbed else "."))\
         if len(ok) > 1 else None
-    return [{"title": f"{doc['hardware']}, {doc['device_type']}: the backends at their best (bench tune)",
-             "hardware": doc["hardware"], "established": not tied and not disturbed and len(ok) > 1,
-             "best": top["backend"],
-             "headline": head, "short": short, "evidence": [], "alternatives": [], "warnings": []}]
+    return {"title": f"{doc['hardware']}, {doc['device_type']}{f', {model}' if named else ''}: the backends at their "
+                     "best (bench tune)",
+            "hardware": doc["hardware"], "established": not tied and not disturbed and len(ok) > 1,
+            "best": top["backend"],
+            "headline": head, "short": short, "evidence": [], "alternatives": [], "warnings": []}
 
 
 def report_alone(src: Path, out: Path, warn) -> int:
