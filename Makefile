@@ -23,7 +23,7 @@ DATA_ARGS := $(if $(DATA),--data imagenet --data-dir $(DATA) --loader $(LOADER))
 # bench loader's flags (its image size and batch default to bench run's; pass the same ones as in ARGS)
 LOADER_ARGS ?= $(if $(filter-out all,$(GPUS)),--gpus $(GPUS))
 
-.PHONY: venv install horovod bench report test test-fast gpu-check list clean regress baseline verify lock check-lock wheels mutation coverage
+.PHONY: venv install horovod bench report test test-fast gpu-check gpu-evidence list clean regress baseline verify lock check-lock wheels mutation coverage
 
 # Does nothing when .venv already matches requirements.lock and TORCH; fails with one line when the lock is stale.
 # From a registry it installs with make lock's uv (UV_VERSION, in .tools/lock-venv; made here when missing), about
@@ -173,6 +173,15 @@ coverage: install
 FULL ?=
 gpu-check: venv
 	$(PY) -m bench doctor $(if $(FULL),--full) $(ARGS)
+
+# The GPU evidence (docs/gpu-machine.md, "GPU evidence in one script"): on a lent GPU machine, in order of value and
+# inside EVIDENCE_BUDGET seconds, Horovod's rows of gpu-check FULL=1, bench tune --preset gpu-best, FSDP2's ResNet-50
+# parity and make baseline GPUS=1, each step under its own timeout, everything under OUT; FROM=STEP goes on from a step
+# the budget did not reach, STEPS=a,b runs those. Offline: add TORCH=system WHEELS=DIR PYTHON=python3.
+EVIDENCE_BUDGET ?= 540
+gpu-evidence: venv
+	@[ -n "$(OUT)" ] || { echo "make gpu-evidence: say where, e.g. OUT=results/evidence" >&2; exit 2; }
+	PY=$(PY) scripts/gpu_evidence.sh $(OUT) $(EVIDENCE_BUDGET)
 
 # Regression gate (docs/regression-gate.md). A fixed, short configuration on every device, compared with
 # results/baselines/<GPU model>-x<N>.json (`bench baseline name` prints the name for this machine) or BASELINE=NAME.
