@@ -121,6 +121,29 @@ def test_predict_against_measured_records(tmp_path, capsys):
     assert rows["2"][4] == "75.0 %" and rows["8"][4] == "-"  # measured: 150 / (2 x 100); 8 was not measured
 
 
+def test_predict_and_the_report_read_a_channels_last_sweep(tmp_path, capsys):
+    """The GPU sweep runs ResNet-50 channels_last, single@1 included, and make bench measures the collectives on
+    several GPUs: the prediction's inputs are those runs. Before, single@1 was looked for among runs without options,
+    none was found, and bench predict and bench report both stopped on a TypeError (an int divided by None)."""
+    from tests.test_report import make, write
+
+    cl = {"channels_last": True}
+    raw = write(tmp_path, make("single", 1, 100.0, device="cpu", model="resnet18", options=cl),
+                make("ddp", 2, 150.0, device="cpu", model="resnet18", options=cl))
+    _collectives_record(raw)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["predict", "--results", str(raw), "--world-sizes", "2"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    rows = {cells[1]: cells[2:] for cells in ([c.strip() for c in ln.split("│")] for ln in out.splitlines()
+                                              if ln.startswith("│"))}
+    assert rows["2"][4] == "75.0 %"  # measured: 150 / (2 x 100)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--results", str(raw), "--out", str(tmp_path / "rep")])
+    assert e.value.code == 0, capsys.readouterr().err
+    assert "75.0 %" in (tmp_path / "rep" / "REPORT.md").read_text().split("## Predicted")[1]
+
+
 def test_predict_uses_the_curve_measured_at_each_n_or_the_nearest_and_says_which(tmp_path, capsys):
     """A bus bandwidth measured at 2 ranks says little about 8 (a longer ring, another topology): each N takes the
     curve measured at N, else the nearest world size measured (log scale, a tie to the larger), and the table names

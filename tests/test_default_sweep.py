@@ -68,15 +68,17 @@ def test_the_default_sweep_on_an_8_gpu_node_fits_30_minutes_and_quick_5_by_the_p
 def test_the_channels_last_default_leaves_out_a_backend_that_cannot_honour_it_and_the_flag_does_not(monkeypatch,
                                                                                                      tmp_path):
     """A default made for this machine never skips a backend: dp (replicas with contiguous weights) runs NCHW under
-    the GPU sweep's channels_last default, and its plan row says so; --channels-last given still skips it (its
-    reason is in test_ddp's knob test). Before: `--backends dp` on a GPU node skipped every dp run."""
+    the GPU sweep's channels_last default, and its plan row says so, beside a single@1 in NCHW to divide it by;
+    --channels-last given still skips it (its reason is in test_ddp's knob test). Before: `--backends dp` on a GPU node
+    skipped every dp run, and then dp's efficiency divided by the channels_last single@1."""
     _, table, said, _ = planned(monkeypatch, tmp_path, "--max-gpus", "2", "--backends", "single,dp", "--model",
                                 "resnet50", "--repeat", "1", gpus=2)
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in table.splitlines() if ln.startswith("│")]
     assert "--channels-last (convolutions)" in said
-    assert {(r[2], r[6]) for r in rows} == {("single", "channels_last=True"), ("dp", ""),  # and dp's cudnn variant
-                                             ("single", "channels_last=True cudnn.benchmark off"),
-                                             ("dp", "cudnn.benchmark off")}
+    # dp's efficiency divides by a single@1 in its own layout (and its cudnn variant's by one in its layout and cuDNN
+    # setting): the NCHW single@1 runs beside the channels_last one, never dividing a run of the other layout
+    assert {(r[2], r[6]) for r in rows} == {("single", "channels_last=True"), ("single", ""), ("dp", ""),
+                                             ("single", "cudnn.benchmark off"), ("dp", "cudnn.benchmark off")}
     _, table, said, _ = planned(monkeypatch, tmp_path, "--max-gpus", "2", "--backends", "single,dp", "--model",
                                 "resnet50", "--repeat", "1", "--channels-last", gpus=2)
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in table.splitlines() if ln.startswith("│")]

@@ -468,3 +468,27 @@ def test_a_winner_needs_a_lead_of_five_percent_and_more_than_the_baseline_s_drif
     assert v["drift"] == "single@1's repetitions drifted 20.0% (slowest run to fastest, of their median)"
     v, _ = verdict_of(tmp_path / "clear", capsys, *calm[:3], *drifting[3:], world_size=4)
     assert v["established"] and v["short"].startswith("Use ddp (360.0 img/s), 10% ahead of fsdp2")
+    # the GPU sweep's ResNet-50 runs channels_last, single@1 included: its drift is the sweep's witness all the same
+    # (before: only a single@1 without options was read, so the rule never applied to a channels_last workload)
+    nhwc = [make(r["backend"], r["world_size"], r["throughput"], options={"channels_last": True}) for r in drifting]
+    v, _ = verdict_of(tmp_path / "nhwc", capsys, *nhwc, world_size=4)
+    assert not v["established"] and v["short"].startswith(
+        "No winner: single@1 drifted 20.0% over its repetitions, more than the 10.0% lead;")
+
+
+def test_each_efficiency_divides_by_a_single_at_1_of_its_own_layout(tmp_path):
+    """The GPU sweep runs ResNet-50 channels_last, and dp NCHW beside it (it cannot honour the layout): dp's efficiency
+    divides by the NCHW single@1 the planner adds (tests/test_default_sweep.py), ddp's by the channels_last one, and
+    with no single@1 of dp's layout dp has none. Before, dp@4 divided by the channels_last single@1: 240 / (4 x 120)."""
+    from bench.report.summary import summarise, usable_records
+
+    cl = {"channels_last": True}
+    both = [*runs("single", 1, 120.0, options=cl), *runs("single", 1, 100.0), *runs("ddp", 4, 432.0, options=cl),
+            *runs("dp", 4, 240.0), *runs("ddp", 4, 450.0, options={**cl, "ddp_bucket_mb": 5.0})]
+    rows = summarise(usable_records(write(tmp_path / "both", *both), print)).to_dict("records")
+    eff = {(r["backend"], r["options"]): r["eff_vs_single_pct"] for r in rows if r["world_size"] == 4}
+    assert eff == {("ddp", '{"channels_last": true}'): pytest.approx(90.0), ("dp", "{}"): pytest.approx(60.0),
+                   ("ddp", '{"channels_last": true, "ddp_bucket_mb": 5.0}'): pytest.approx(93.75)}
+    rows = summarise(usable_records(write(tmp_path / "one", *both[:1], *both[2:]), print)).to_dict("records")
+    assert {r["backend"]: r["eff_vs_single_pct"] for r in rows if r["world_size"] == 4 and r["backend"] == "dp"} == {
+        "dp": None}

@@ -361,13 +361,14 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
     defaulted = set(getattr(args, "defaulted", ()) or ())
     drop = {"channels_last"} & defaulted if kind != "vision" else set()
 
-    def add(name, n, precision, cudnn_benchmark, note=None, extra=None):
+    def add(name, n, precision, cudnn_benchmark, note=None, extra=None, without=()):
         backend = backends.create(name)
         honours = {k.key for k in backend.knobs}
         # nor a backend's that cannot honour it (dp: its replicas' weights are contiguous): it runs as it can, and its
-        # record's options say so; a channels_last given on the command line still skips it, with the reason
+        # record's options say so; a channels_last given on the command line still skips it, with the reason.
+        # ``without``: settings a baseline leaves out to compute as the run it is the baseline of
         options = {k: v for k, v in knobs.options(all_knobs, honours, args).items()
-                   if k not in drop and not (k in defaulted and k not in honours)}
+                   if k not in drop and not (k in defaulted and k not in honours) and k not in without}
         options.update(extra or {})  # a labelled variant's own (Backend.variants)
         cfg = RunConfig(
             backend=name, launcher=backend.launcher, world_size=n, device_type=device_type, model=model,
@@ -439,15 +440,34 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
     # A labelled variant with a setting of its own (DataParallel's cudnn.benchmark off, planned at N >= 2) divides by
     # baselines of that same setting: single@1 and the backend's own @1. A baseline of the default instead would mix
     # two cuDNN settings in one efficiency.
+    # Likewise the workload's shared settings (report/common.py workload_options): dp runs NCHW under the GPU sweep's
+    # channels_last default, so its efficiency divides by a single@1 in NCHW, planned here, never by the NHWC one.
+    shared = {k.key for k in backends.create(backends.BASELINE).knobs}
+
+    def settings(c):
+        return frozenset((k, v) for k, v in c.options.items() if k in shared and v not in (None, False))
+
     if 1 in sizes and cudnn is None:
-        planned = {(c.backend, c.world_size, c.precision, c.cudnn_benchmark) for c in configs}
+        planned = {(c.backend, c.world_size, c.precision, c.cudnn_benchmark, settings(c)) for c in configs}
         for c in [c for c in configs if c.world_size > 1 and c.cudnn_benchmark is False]:  # on is the default
             for name in dict.fromkeys((c.backend, backends.BASELINE)):
-                if name in names and (name, 1, c.precision, c.cudnn_benchmark) not in planned:
+                if name in names and (name, 1, c.precision, c.cudnn_benchmark, settings(c)) not in planned:
                     setting = f"cudnn.benchmark {'on' if c.cudnn_benchmark else 'off'}"
                     add(name, 1, c.precision, c.cudnn_benchmark, c.note if name == c.backend else
-                        f"the {setting} scaling baseline")
-                    planned.add((name, 1, c.precision, c.cudnn_benchmark))
+                        f"the {setting} scaling baseline", without=shared - {k for k, _ in settings(c)})
+                    planned.add((name, 1, c.precision, c.cudnn_benchmark, settings(c)))
+    baselines = {(c.precision, c.cudnn_benchmark, settings(c)) for c in configs
+                 if c.backend == backends.BASELINE and c.world_size == 1}
+    for c in [c for c in configs if c.world_size > 1]:
+        want = (c.precision, c.cudnn_benchmark, settings(c))
+        # only where single@1 runs at this precision and cuDNN setting in another layout: the sweep's own baseline rules
+        # decide whether there is one at all
+        if want not in baselines and any(b[:2] == want[:2] for b in baselines):
+            left_out = sorted({k for b in baselines if b[:2] == want[:2] for k, _ in b[2]} - {k for k, _ in settings(c)})
+            add(backends.BASELINE, 1, c.precision, c.cudnn_benchmark,
+                f"the scaling baseline of {c.backend}'s settings (without {', '.join(left_out)})",
+                without=shared - {k for k, _ in settings(c)})
+            baselines.add(want)
     if device_type == "cpu" and nnodes == 1:  # one share of the cores per rank, the largest world size's
         for cfg in configs:
             cfg.threads = max(1, usable_cpus() // max(sizes))

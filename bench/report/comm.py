@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report.common import fmt, label, legend_outside, md_table, rate, save_figure, shown, slug, withheld
+from bench.report.common import (fmt, label, legend_outside, md_table, plain, rate, save_figure, shown, slug,
+                                 withheld)
 from bench.core import workloads
 
 BUCKET_MB = 25.0  # DDP's default bucket_cap_mb, for the predictions in the report
@@ -62,7 +63,7 @@ def overlap_table(ok: list[dict], unit: str) -> list[str]:
         if not r["global_img_s"] or r["world_size"] < 2:
             continue
         which = ("naive" if r.get("mode", "default") == "default" else "bucketed") if r["backend"] == MANUAL else \
-            "ddp" if r["backend"] == "ddp" and r.get("options") in (None, "{}", {}) else None
+            "ddp" if r["backend"] == "ddp" and plain(r) else None
         if which:
             at.setdefault((r["world_size"], r["precision"]), {})[which] = r
     rows = []

@@ -69,6 +69,7 @@ def inputs(results_dir: Path, warn, unsized: bool = False) -> list[dict]:
     gradient size is unknown (``gradient_bytes``) is left out with a warning; with ``unsized`` it is kept, with
     ``grad_bytes`` None and the reason in ``grad_source``."""
     from bench.core import comm, results, stats
+    from bench.report.common import plain, workload_options
 
     recs = [r for r in results.load(results_dir, warn=warn) if r["status"] == "ok"]
     curves: dict[str, dict[int, list]] = {}  # device type -> world size -> the all_reduce curve measured there
@@ -79,17 +80,19 @@ def inputs(results_dir: Path, warn, unsized: bool = False) -> list[dict]:
         if points:
             curves.setdefault(c["device_type"], {})[c["world_size"]] = points
     fields = ("model", "image_size", "seq_len", "optimizer", "precision", "batch_per_device", "data", "device_type")
-    keys = {tuple(r.get(k) for k in fields) + (results.hardware(r),): r for r in recs
-            if r["backend"] == "single" and r["world_size"] == 1 and r["device_type"] in curves}
+    # single@1 at its defaults (the sweep's shared settings, the GPU sweep's channels_last say, are its defaults too),
+    # one input per layout: the runs beside it that share its settings and are their backends' defaults
+    keys = {tuple(r.get(k) for k in fields) + (results.hardware(r), workload_options(r)): r for r in recs
+            if r["backend"] == "single" and r["world_size"] == 1 and r["device_type"] in curves and plain(r)}
     out = []
-    for (*values, hw), base in keys.items():
+    for (*values, hw, shared), base in keys.items():
         key = dict(zip(fields, values))
         grad, source = gradient_bytes(base)
         if grad is None and not unsized:
             warn(f"no prediction for {key['model']}: {source}")
             continue
         same = [x for x in recs if all(x.get(k) == v for k, v in key.items())
-                and results.hardware(x) == hw and not x.get("options")]
+                and results.hardware(x) == hw and plain(x) and workload_options(x) == shared]
         thr = stats.summarise_runs([stats.record_throughputs(x) for x in same if x["backend"] == "single"])["median"]
         measured, disturbed = {}, {}
         for x in same:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report.common import BASELINE, BASELINE_MATCH, KNOB, OWN_MATCH, SECTION, WORKLOAD, GiB
+from bench.report.common import BASELINE, BASELINE_MATCH, KNOB, OWN_MATCH, SECTION, WORKLOAD, GiB, workload_options
 
 
 def usable_records(src: Path, warn) -> list[dict]:
@@ -210,16 +210,19 @@ def add_efficiency(s):
     rows = s.to_dict("records")
     key = lambda r, keys: tuple(r[k] for k in keys)  # noqa: E731
     at1 = [r for r in rows if r["world_size"] == 1 and r["global_img_s"]]
-    single = {(key(r, BASELINE_MATCH), r[KNOB]): r for r in at1 if r["backend"] == BASELINE}
+    # single@1 of the same workload settings too (the memory layout, --compile, ...: common.workload_options)
+    single = {(key(r, BASELINE_MATCH) + (workload_options(r),), r[KNOB]): r for r in at1 if r["backend"] == BASELINE}
     own = {(key(r, OWN_MATCH), r[KNOB]): r for r in at1}
 
     def base_of(r, table, keys):
         # the same cuDNN setting (on and not given are one: on is CUDA's default); a variant with a setting of its own
         # (DataParallel's cudnn.benchmark off) has no efficiency without a baseline of that setting (the planner plans
-        # one: bench/plan/sweep.py)
+        # one: bench/plan/sweep.py), nor a run without a single@1 of its workload settings (dp's NCHW beside a
+        # channels_last sweep: planned too)
+        k = key(r, keys) + ((workload_options(r),) if table is single else ())
         for knob in dict.fromkeys((r[KNOB], True, None) if r[KNOB] in (True, None) else (r[KNOB],)):
-            if (key(r, keys), knob) in table:
-                return table[(key(r, keys), knob)]
+            if (k, knob) in table:
+                return table[(k, knob)]
         return None
 
     base_disturbed = [{} for _ in rows]
