@@ -194,7 +194,7 @@ gpu-evidence: venv
 # The run is the statistical unit: 3 interleaved runs of every configuration a side, 5 windows each.
 REGRESS_RESULTS    ?= results/regress
 BASELINE           ?=
-REGRESS_ARGS       ?= --backends single,dp,ddp,ddp_spawn,ddp_amp_syncbn --repeat 3 --warmup 10 --steps 10 --windows 5
+REGRESS_ARGS       ?= --model default --backends single,dp,ddp,ddp_spawn,ddp_amp_syncbn --repeat 3 --warmup 10 --steps 10 --windows 5
 REGRESS_RETRIES    ?= 1
 REGRESS_WAIT_QUIET ?= 60
 

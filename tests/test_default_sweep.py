@@ -6,8 +6,10 @@ one is clear and none where the configurations are alike."""
 import io
 import json
 import re
+import shlex
 import types
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +148,20 @@ def test_a_default_shaped_cpu_sweep_orders_each_repetition_and_names_a_winner_on
     assert "1 CPU worker: No winner:" in gpt, gpt
     rows = json.loads(json.dumps(records(tmp_path / "raw")))  # the drift the baseline's repetitions show is reported
     assert "single@1's repetitions drifted" in (tmp_path / "rep" / "REPORT.md").read_text() and rows
+
+
+def test_the_regression_gate_runs_one_workload_on_a_gpu_within_the_evidence_script_s_step(monkeypatch, tmp_path):
+    """make baseline and make regress run REGRESS_ARGS, a fixed configuration: on a GPU one workload (--model default:
+    the device's, resnet50), not the GPU sweep's two. Before, the sweep's default filled in two workloads: 30 runs,
+    about 12 minutes on one GPU by the plan, more than a lent machine's 10-minute command (scripts/gpu_evidence.sh
+    gives make baseline 420 s at most)."""
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    args = shlex.split(re.search(r"^REGRESS_ARGS\s*\?=\s*(.*)$", makefile, re.M)[1])
+    code, table, said, minutes = planned(monkeypatch, tmp_path, "--max-gpus", "1", *args, gpus=1)
+    assert code == 0 and "plan: 15 runs: 1 workload (resnet50), 3 repetitions" in said, said
+    assert minutes * 60 <= 420, said
+    # on the CPU the same flags name the CPU's one workload, as the CPU baselines hold
+    from bench.plan.sweep import parse_run, plan
+
+    configs, _ = plan(parse_run(["--device", "cpu", *args]))
+    assert {c.model for c in configs} == {"resnet18"}

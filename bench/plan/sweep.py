@@ -28,6 +28,9 @@ GPU_SWEEP: dict[str, Any] = {"model": "resnet50,gpt-350m", "workload_batches": {
 # by the verdict's rule), three backends, shorter windows
 QUICK: dict[str, Any] = {"repeat": 1, "window_s": 1.0, "windows": 3, "backends": "single,ddp,fsdp2",
                          "variants_on": ()}
+# --model default: the device's one default workload (resnet50 on GPUs, resnet18 on a CPU), not the GPU sweep's two;
+# the regression gate's fixed configuration names it (Makefile REGRESS_ARGS), so a GPU baseline is one workload
+DEVICE_MODEL = "default"
 BF16_FROM = (8, 0)  # the compute capability from which a GPU computes bf16 natively (Ampere)
 
 
@@ -57,7 +60,8 @@ RUN_FLAGS: list[tuple[str | None, list[tuple[str, dict]]]] = [
         ("--device", {"default": "auto", "help": "auto | cuda | cpu (default auto: cuda when present)"}),
         ("--model", {"help": "torchvision classification model (default on GPUs: resnet50 and gpt-350m, two "
                              "workloads; resnet18 on CPU), gpt-<size> (docs/workloads.md) or your own: "
-                             "package.module:factory; several, comma-separated"}),
+                             "package.module:factory; several, comma-separated; 'default': the device's one "
+                             "(resnet50 on GPUs)"}),
         ("--seq-len", {"type": int, "help": "gpt-<size>: tokens per sequence (default 1024 on GPU, 64 on CPU)"}),
         ("--optimizer", {"help": "sgd | adamw (default: sgd for torchvision models, adamw for the others)"}),
         ("--batch-size", {"type": int, "help": "per-device batch (default 64 on GPU, 8 sequences for gpt-<size>; 8 on "
@@ -340,7 +344,7 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
     device_type, sizes, nodes, nnodes = sweep_sizes(args)
     names = parse_backends(args.backends)
     d = DEFAULTS[device_type]
-    model = model or d["model"]
+    model = d["model"] if model in (None, DEVICE_MODEL) else model  # --model default: this device's one workload
     check_model(model)
     check_image_size(model, _pick(args.image_size if kind_of(model) == "vision" or not several else None,
                                   d["image_size"]))
