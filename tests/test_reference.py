@@ -148,17 +148,34 @@ def test_deepspeeds_loop_reads_the_config_the_backend_hands_deepspeed():
     assert loop["config"]["torch_autocast"]["enabled"] is True and loop["config"]["bf16"]["enabled"] is False
 
 
-@pytest.mark.parametrize("model,precision,mp", [("resnet18", "bf16", "autocast"), ("resnet18", "bf16", "params"),
-                                                 ("gpt-micro", "fp16", "params")])
-def test_fsdp2s_loop_shards_what_the_backend_shards(monkeypatch, model, precision, mp):
+@pytest.mark.parametrize("model,precision,mp,old_torch", [("resnet18", "bf16", "autocast", False),
+                                                           ("resnet18", "bf16", "params", False),
+                                                           ("resnet18", "bf16", "params", True),
+                                                           ("gpt-micro", "fp16", "params", False)])
+def test_fsdp2s_loop_shards_what_the_backend_shards(monkeypatch, model, precision, mp, old_torch):
     """The twin's fully_shard calls (torchtitan's apply_fsdp, written plainly) against backends/fsdp2.py's: the same
-    modules in the same order, policies and reshard flags; its optimizer as the backend's."""
+    modules in the same order, policies and reshard flags; its optimizer as the backend's. ``old_torch``: a
+    MixedPrecisionPolicy without param_dtype_override_fn (torch 2.14 and older, the GPU machines' 2.11): BatchNorm's
+    fp32 groups, one per block (before, the twin asked for the field and stopped on a TypeError)."""
+    import dataclasses
+
     import torch.distributed.fsdp as fsdp_module
 
     from backends import fsdp2
     from backends.base import build_model, implementation, make_optimizer, optimizer_impl
     from bench.twins import ddp as ddp_twin
     from bench.twins import fsdp2 as twin
+
+    if old_torch:
+        @dataclasses.dataclass(frozen=True)
+        class OldPolicy:  # torch 2.11's fields
+            param_dtype: torch.dtype | None = None
+            reduce_dtype: torch.dtype | None = None
+            output_dtype: torch.dtype | None = None
+            cast_forward_inputs: bool = True
+
+        monkeypatch.setattr(fsdp_module, "MixedPrecisionPolicy", OldPolicy)
+        monkeypatch.setattr(twin, "MixedPrecisionPolicy", OldPolicy)
 
     def calls_of(run):
         calls = []
@@ -183,10 +200,16 @@ def test_fsdp2s_loop_shards_what_the_backend_shards(monkeypatch, model, precisio
     plain = make_optimizer(cfg_of(backend="single", model=model, image_size=cfg.image_size, seq_len=cfg.seq_len),
                            theirs.parameters())
     loop = calls_of(lambda: out.update(r=twin.wrap(settings, theirs, plain, torch.device("cpu"))))
-    names = lambda model, calls: [{id(m): n for n, m in model.named_modules()}[id(c[0])] for c in calls]  # noqa: E731
+    def names(model, calls):  # a module's name; a group's (a list of modules): its names
+        named = {id(m): n for n, m in model.named_modules()}
+        return [tuple(named[id(m)] for m in c[0]) if isinstance(c[0], list) else named[id(c[0])] for c in calls]
+
     assert names(theirs, loop) == names(ours, backend) and [same(kw) for _, kw in loop] == [same(kw) for _, kw in
                                                                                              backend]
-    if mp == "params" and model == "resnet18":  # BatchNorm's parameters stay fp32 in both
+    if mp == "params" and model == "resnet18" and old_torch:  # BatchNorm's own fp32 groups in both, first
+        assert [same(kw) for _, kw in loop[:2]] == [(False, torch.float32, torch.float32, None)] * 2
+        assert all(isinstance(m, list) and all(isinstance(n, torch.nn.BatchNorm2d) for n in m) for m, _ in loop[:2])
+    elif mp == "params" and model == "resnet18":  # BatchNorm's parameters stay fp32 in both
         bn = next(m for m in theirs.modules() if isinstance(m, torch.nn.BatchNorm2d)).weight
         assert loop[0][1]["mp_policy"].param_dtype_override_fn(bn) == torch.float32
     _, optimizer, autocast, step = out["r"]

@@ -29,13 +29,18 @@ def wrap(c, model, optimizer, device):
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
     params = half if c["loop"]["mp"] == "params" else None  # None: the parameters stay fp32, autocast casts
     policy = MixedPrecisionPolicy(param_dtype=params, reduce_dtype=torch.float32 if params else None)
-    if params:  # BatchNorm's parameters stay fp32 under a half policy
-        norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                 for p in m.parameters()}
-        policy = dataclasses.replace(policy, param_dtype_override_fn=lambda p: torch.float32 if id(p) in norms else None)
     if c["channels_last"]:
         model = model.to(memory_format=torch.contiguous_format)  # fully_shard refuses channels-last parameters
-    units = blocks(model)
+    units, norms = blocks(model), [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if params and "param_dtype_override_fn" in {f.name for f in dataclasses.fields(MixedPrecisionPolicy)}:
+        ids = {id(p) for m in norms for p in m.parameters()}  # BatchNorm's parameters stay fp32 under a half policy
+        policy = dataclasses.replace(policy, param_dtype_override_fn=lambda p: torch.float32 if id(p) in ids else None)
+    elif params and norms:  # torch <= 2.14: each block's norms an fp32 group of their own, in block order, then the rest
+        at = {id(m): i for i, u in enumerate(units) for m in u.modules()}
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+        for i in sorted({at.get(id(n), len(units)) for n in norms}):
+            fully_shard([n for n in norms if at.get(id(n), len(units)) == i], mesh=mesh, mp_policy=fp32,
+                        reshard_after_forward=False)
     for i, block in enumerate(units):
         keep = c["loop"]["reshard"] == "never" or (c["loop"]["reshard"] != "every block" and i == len(units) - 1)
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
