@@ -177,11 +177,12 @@ gpu-check: venv
 # The GPU evidence (docs/gpu-machine.md, "GPU evidence in one script"): on a lent GPU machine, in order of value and
 # inside EVIDENCE_BUDGET seconds, Horovod's rows of gpu-check FULL=1, bench tune --preset gpu-best, FSDP2's ResNet-50
 # parity and make baseline GPUS=1, each step under its own timeout, everything under OUT; FROM=STEP goes on from a step
-# the budget did not reach, STEPS=a,b runs those. Offline: add TORCH=system WHEELS=DIR PYTHON=python3.
-EVIDENCE_BUDGET ?= 540
+# the budget did not reach, STEPS=a,b runs those; PACK=DIR gets evidence.md and evidence.tgz at the end (the device
+# tool's $OUT returns 8 files, 2 folders deep). Offline: add TORCH=system WHEELS=DIR PYTHON=python3.
+EVIDENCE_BUDGET ?= 480
 gpu-evidence: venv
 	@[ -n "$(OUT)" ] || { echo "make gpu-evidence: say where, e.g. OUT=results/evidence" >&2; exit 2; }
-	PY=$(PY) scripts/gpu_evidence.sh $(OUT) $(EVIDENCE_BUDGET)
+	PY=$(PY) PACK=$(PACK) scripts/gpu_evidence.sh $(OUT) $(EVIDENCE_BUDGET)
 
 # Regression gate (docs/regression-gate.md). A fixed, short configuration on every device, compared with
 # results/baselines/<GPU model>-x<N>.json (`bench baseline name` prints the name for this machine) or BASELINE=NAME.

@@ -9,19 +9,25 @@
 #   parity    FSDP2's ResNet-50 parity at world size 1 beside its own plain loop, traced (issue 46): the library's
 #             price and the harness's part (OUT/parity, its report in OUT/parity/report)
 #   baseline  make baseline GPUS=1: results/baselines/<GPU model>-x1.json, to commit (its runs in OUT/regress)
-# A step starts only when what is left of the budget holds its least useful time; a step cut by its timeout gets
-# SIGINT first (bench keeps what finished), then SIGKILL. Every step's output is in OUT/<step>.log, and OUT/evidence.md
-# says what was reached and how each step ended; the last line says how to go on from there.
-# Usage: scripts/gpu_evidence.sh OUT [BUDGET_S]            (default 540: one 10-minute call of the device tool)
+# A step starts only when what is left of the budget holds its least useful time, and its limits (its reports' and
+# the 30 s a stopped command is given included) never reach beyond the budget; a step cut by its timeout gets SIGINT
+# first (bench keeps what finished), then SIGKILL. Every step's output is in OUT/<step>.log, and OUT/evidence.md says
+# what was reached and how each step ended; the last line says how to go on from there. With PACK=DIR, DIR gets two
+# files at the end, whatever ended it: evidence.md and evidence.tgz (OUT whole, the Horovod build's log and a baseline
+# written to results/baselines): what a lent machine's $OUT returns (8 files at most, 2 folders deep).
+# Usage: scripts/gpu_evidence.sh OUT [BUDGET_S]   (default 480: one 10-minute call of the device tool, the install too)
 # Env:   PY (default <repo>/.venv/bin/python)   STEPS (default: horovod,tune,parity,baseline)   FROM (a step to start
-#        at: the steps before it are left out)   MAKE (default make; TORCH, WHEELS, PYTHON reach it from the environment)
+#        at: the steps before it are left out)   PACK (a folder for the two files)   MAKE (default make; TORCH, WHEELS,
+#        PYTHON reach it from the environment)   BUILD_JOBS (Horovod's compile jobs; default every core: its launches
+#        wait for it, nothing else runs beside it)   VENV, BASELINES (where the build's log and a new baseline are
+#        looked for: <repo>/.venv, <repo>/results/baselines)
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ALL_STEPS="horovod,tune,parity,baseline"
 usage() { echo "usage: scripts/gpu_evidence.sh OUT [BUDGET_S]  (steps: $ALL_STEPS)" >&2; exit 2; }
 [[ $# -ge 1 && $# -le 2 && -n "$1" ]] || usage
-OUT="$1"; BUDGET="${2:-540}"
+OUT="$1"; BUDGET="${2:-480}"
 [[ "$BUDGET" =~ ^[0-9]+$ && "$BUDGET" -gt 0 ]] || { echo "gpu_evidence: BUDGET_S $BUDGET: a positive number of seconds" >&2; exit 2; }
 PY="${PY:-$REPO/.venv/bin/python}"
 MAKE="${MAKE:-make}"
@@ -39,11 +45,14 @@ START=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - START) )); }
 min() { if (( $1 < $2 )); then echo "$1"; else echo "$2"; fi; }
 SUMMARY="$OUT/evidence.md"
+STARTED="$OUT/.started"  # what this run wrote outside OUT is newer than this
+: >"$STARTED"
 { echo "# GPU evidence ($(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET} s)"; echo
   echo "| step | status | seconds | what it wrote | log |"; echo "|---|---|---:|---|---|"; } >"$SUMMARY"
 
-# run STEP LIMIT_S CMD...: the command under `timeout` (SIGINT at the limit, SIGKILL 30 s later), its output in
-# OUT/STEP.log and on the terminal; returns its exit status (124 or 130+: stopped by the limit)
+# run STEP LIMIT_S CMD...: the command under `timeout` (SIGINT at the limit, SIGKILL 30 s later: so a command given
+# LIMIT_S may take LIMIT_S + 30), its output in OUT/STEP.log and on the terminal; returns its exit status (124 or
+# 130+: stopped by the limit)
 run() {
   local step="$1" limit="$2"; shift 2
   echo "gpu_evidence: [$step] $* (at most ${limit} s)" | tee -a "$OUT/$step.log"
@@ -51,30 +60,47 @@ run() {
   return "${PIPESTATUS[0]}"
 }
 
-# each step: its least useful time, then what it runs with the seconds it is given ($1)
-need() { case "$1" in horovod) echo 300;; tune) echo 180;; parity) echo 90;; baseline) echo 180;; esac; }
-step_horovod() {  # the doctor stops itself at its budget; the timeout only guards a hang
-  local budget; budget=$(min 420 $(( $1 - 40 )))
-  run horovod $(( budget + 40 )) "$MAKE" --no-print-directory -o venv gpu-check FULL=1 PY="$PY" \
-    ARGS="--backends horovod --budget-s $budget --results $OUT/horovod"
+# each step: its least useful time, then what it runs with the seconds it is given ($1), all of it inside them
+# (tune: 6 starting trials need about 150 s of its own budget; parity's plan is about 114 s on one GPU)
+need() { case "$1" in horovod) echo 300;; tune) echo 300;; parity) echo 210;; baseline) echo 180;; esac; }
+step_horovod() {  # the doctor stops itself at its budget; the timeout only guards a hang. Its launches wait for the
+  # build and nothing else runs beside it: every core compiles
+  local budget; budget=$(min 420 $(( $1 - 70 )))
+  BUILD_JOBS="${BUILD_JOBS:-$(nproc)}" run horovod $(( budget + 40 )) "$MAKE" --no-print-directory -o venv gpu-check \
+    FULL=1 PY="$PY" ARGS="--backends horovod --budget-s $budget --results $OUT/horovod"
 }
-step_tune() {
-  local budget; budget=$(min 540 $(( $1 - 60 )))
-  run tune $(( budget + 60 )) "$PY" -m bench tune --preset gpu-best --budget-s "$budget" --results "$OUT/tune" &&
-    run tune 60 "$PY" -m bench report --results "$OUT/tune" --out "$OUT/tune/report"
+step_tune() {  # its report whatever tune's exit (3: a disturbed trial, 1: a failed one)
+  local budget; budget=$(min 540 $(( $1 - 150 )))
+  run tune $(( budget + 60 )) "$PY" -m bench tune --preset gpu-best --budget-s "$budget" --results "$OUT/tune"
+  local rc=$?
+  run tune 20 "$PY" -m bench report --results "$OUT/tune" --out "$OUT/tune/report" || true
+  return "$rc"
 }
 step_parity() {
   local budget; budget=$(min 240 "$1")
-  run parity $(( budget - 30 )) "$PY" -m bench run --backends single,fsdp2 --gpus 1 --device cuda --model resnet50 \
+  run parity $(( budget - 90 )) "$PY" -m bench run --backends single,fsdp2 --gpus 1 --device cuda --model resnet50 \
     --precision bf16 --batch-size 256 --channels-last --repeat 1 --reference --trace 2 --results "$OUT/parity/raw"
   local rc=$?
   run parity 30 "$PY" -m bench report --results "$OUT/parity/raw" --out "$OUT/parity/report" || true
   return "$rc"
 }
 step_baseline() {
-  run baseline "$(min 420 "$1")" "$MAKE" --no-print-directory -o install baseline GPUS=1 PY="$PY" \
+  run baseline $(( $(min 420 "$1") - 30 )) "$MAKE" --no-print-directory -o install baseline GPUS=1 PY="$PY" \
     REGRESS_RESULTS="$OUT/regress" REGRESS_WAIT_QUIET=30
 }
+# PACK=DIR: evidence.md and evidence.tgz there, whatever ended the script (an EXIT trap)
+pack() {
+  [[ -n "${PACK:-}" ]] || return 0
+  local build="${VENV:-$REPO/.venv}/horovod-build.log" baselines="${BASELINES:-$REPO/results/baselines}"
+  [[ -f "$build" && "$build" -nt "$STARTED" ]] && cp "$build" "$OUT/horovod-build.log"
+  if [[ -d "$baselines" ]]; then  # a baseline this run wrote, to commit
+    find "$baselines" -name '*.json' -newer "$STARTED" -exec sh -c 'mkdir -p "$0" && cp "$@" "$0"' "$OUT/baselines" {} +
+  fi
+  mkdir -p "$PACK" && cp "$SUMMARY" "$PACK/evidence.md" &&
+    tar czf "$PACK/evidence.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" &&
+    echo "gpu_evidence: packed $PACK/evidence.md and $PACK/evidence.tgz" >&2
+}
+trap pack EXIT
 wrote() {
   case "$1" in
     horovod) echo "$OUT/horovod/doctor.md";; tune) echo "$OUT/tune/report/REPORT.md";;

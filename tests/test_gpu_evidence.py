@@ -3,9 +3,12 @@ make and timeout that record what they are asked: the steps in order of value, e
 deciding what is reached, FROM and STEPS, everything under OUT and a summary of what was reached. Then one step for
 real on a fake H200 (tests/fake_gpu_python.py), up to the first CUDA kernel."""
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import time
 
 import pytest
 
@@ -20,14 +23,19 @@ def stand_ins(tmp_path, stop: str = "") -> tuple[dict, object]:
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     log = tmp_path / "calls.log"
-    for name in ("python", "make"):
-        (bin_ / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n')
+    (bin_ / "python").write_text(f'#!/bin/sh\necho "python $*" >> {log}\n')
+    # make: gpu-check leaves the Horovod build's log in VENV, baseline a baseline file in BASELINES, as the real ones do
+    (bin_ / "make").write_text(f'#!/bin/sh\necho "make $*" >> {log}\ncase "$*" in\n'
+                               f'  *gpu-check*) mkdir -p "$VENV" && echo built > "$VENV/horovod-build.log";;\n'
+                               f'  *" baseline "*) mkdir -p "$BASELINES" && echo {{}} > "$BASELINES/NVIDIA-H200-x1.json";;\n'
+                               f'esac\n')
     (bin_ / "timeout").write_text(f'#!/bin/sh\necho "timeout $1 $2 $3" >> {log}\nshift 3\n'
                                   f'case "$*" in *"{stop or "@never@"}"*) exit 124;; esac\nexec "$@"\n')
     for f in bin_.iterdir():
         f.chmod(0o755)
     env = {**{k: v for k, v in os.environ.items() if k not in ("FROM", "STEPS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
-           "PATH": f"{bin_}:{os.environ['PATH']}", "PY": str(bin_ / "python"), "MAKE": str(bin_ / "make")}
+           "PATH": f"{bin_}:{os.environ['PATH']}", "PY": str(bin_ / "python"), "MAKE": str(bin_ / "make"),
+           "VENV": str(tmp_path / "venv"), "BASELINES": str(tmp_path / "baselines")}
     return env, log
 
 
@@ -49,14 +57,14 @@ def test_every_step_in_order_of_value_each_under_its_own_timeout_everything_unde
         f"--results {out}/horovod",
         "timeout --signal=INT --kill-after=30 600",
         f"python -m bench tune --preset gpu-best --budget-s 540 --results {out}/tune",
-        "timeout --signal=INT --kill-after=30 60",
+        "timeout --signal=INT --kill-after=30 20",
         f"python -m bench report --results {out}/tune --out {out}/tune/report",
-        "timeout --signal=INT --kill-after=30 210",
+        "timeout --signal=INT --kill-after=30 150",
         f"python -m bench run --backends single,fsdp2 --gpus 1 --device cuda --model resnet50 --precision bf16 "
         f"--batch-size 256 --channels-last --repeat 1 --reference --trace 2 --results {out}/parity/raw",
         "timeout --signal=INT --kill-after=30 30",
         f"python -m bench report --results {out}/parity/raw --out {out}/parity/report",
-        "timeout --signal=INT --kill-after=30 420",
+        "timeout --signal=INT --kill-after=30 390",
         f"make --no-print-directory -o install baseline GPUS=1 PY={py} REGRESS_RESULTS={out}/regress "
         "REGRESS_WAIT_QUIET=30"]
     assert make == str(tmp_path / "bin" / "make")
@@ -64,27 +72,65 @@ def test_every_step_in_order_of_value_each_under_its_own_timeout_everything_unde
     rows = [ln.split(" | ")[:2] for ln in summary if ln.startswith("| ") and not ln.startswith("| step")]
     assert rows == [["| horovod", "ok"], ["| tune", "ok"], ["| parity", "ok"], ["| baseline", "ok"]]
     assert summary[-1].startswith("reached: horovod tune parity baseline; not reached: none; ")
-    assert {p.name for p in out.iterdir()} == {"evidence.md", "horovod.log", "tune.log", "parity.log", "baseline.log"}
+    assert {p.name for p in out.iterdir()} == {"evidence.md", "horovod.log", "tune.log", "parity.log", "baseline.log",
+                                               ".started"}
     assert f"gpu_evidence: [tune] {py} -m bench tune --preset gpu-best" in (out / "tune.log").read_text()
     assert proc.stdout.endswith((out / "evidence.md").read_text())
 
 
 def test_the_budget_decides_what_is_reached_and_a_step_at_its_limit_is_stopped_not_failed(tmp_path):
-    """250 s: Horovod's step needs 300 and is not reached, tune gets 190 s (its budget less a minute's margin), the
-    others theirs; the parity run is cut at its limit (the timeout stand-in exits 124) and its report still made."""
+    """290 s: Horovod's step and tune's need 300 and are not reached; parity's run is cut at its limit (the timeout
+    stand-in exits 124) and its report still made; the baseline gets what is left less its kill's 30 s. Every step's
+    limits, its reports' and the 30 s a stopped command is given included, lie inside what it was given."""
     env, log = stand_ins(tmp_path, stop="--trace 2")
     out = tmp_path / "out"
-    proc = evidence(env, out, 250)
+    proc = evidence(env, out, 290)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = log.read_text()
-    assert "gpu-check" not in calls and "--budget-s 190 --results" in calls
-    assert "gpu_evidence: [horovod] not reached: 250 s of the budget left, it needs 300 s" in proc.stderr
+    assert "gpu-check" not in calls and "bench tune" not in calls
+    assert "gpu_evidence: [horovod] not reached: 290 s of the budget left, it needs 300 s" in proc.stderr
     summary = (out / "evidence.md").read_text()
-    assert "| horovod | not reached: 250 s left, it needs 300 s | 0 |" in summary
+    assert "| horovod | not reached: 290 s left, it needs 300 s | 0 |" in summary
+    assert "| tune | not reached: 290 s left, it needs 300 s | 0 |" in summary
     assert "| parity | stopped at its limit (exit 124) |" in summary and "report --results" in calls
+    assert "timeout --signal=INT --kill-after=30 150\n" in calls  # parity's 240 s: 150 + 30, then its report 30 + 30
+    assert re.search(r"timeout --signal=INT --kill-after=30 2(60|59|58)\nmake .* baseline", calls), calls
     assert summary.splitlines()[-2:] == [
         summary.splitlines()[-2], f"go on with: make gpu-evidence OUT={out} FROM=horovod"]
-    assert summary.splitlines()[-2].startswith("reached: tune parity baseline; not reached: horovod; ")
+    assert summary.splitlines()[-2].startswith("reached: parity baseline; not reached: horovod tune; ")
+    # tune alone at 400 s: its preset's budget is what is left less 150 s (its limit 60 s beyond, the report 20 s, each
+    # stopped command's 30 s)
+    (tmp_path / "t").mkdir()
+    env, log = stand_ins(tmp_path / "t")
+    proc = evidence(env, tmp_path / "t" / "out", 400, STEPS="tune")
+    calls = log.read_text()
+    assert proc.returncode == 0 and "--budget-s 250 --results" in calls and "kill-after=30 310\n" in calls, calls
+
+
+def test_pack_gets_the_summary_and_everything_in_two_files_whatever_ended_the_script(tmp_path):
+    """A lent machine's $OUT returns 8 files at most, 2 folders deep: PACK=DIR gets evidence.md and evidence.tgz, which
+    holds OUT whole, the Horovod build's log and the baseline the run wrote; also when a step fails (exit 1)."""
+    env, log = stand_ins(tmp_path, stop="--trace 2")
+    out, pack = tmp_path / "work" / "ev", tmp_path / "pack"
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "baselines" / "CPU-old-x2.json").write_text("{}")  # an older baseline: not this run's
+    time.sleep(1.1)  # older by the file system's clock
+    proc = evidence(env, out, 2000, PACK=str(pack))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in pack.iterdir()) == ["evidence.md", "evidence.tgz"]
+    assert (pack / "evidence.md").read_text() == (out / "evidence.md").read_text()
+    with tarfile.open(pack / "evidence.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"ev/evidence.md", "ev/horovod.log", "ev/tune.log", "ev/parity.log", "ev/baseline.log",
+            "ev/horovod-build.log", "ev/baselines/NVIDIA-H200-x1.json"} <= names, names
+    assert not any("CPU-old" in n for n in names)
+    bad = tmp_path / "bin" / "python"  # every python call fails: the steps fail, the script exits 1, and still packs
+    bad.write_text(bad.read_text() + "exit 1\n")
+    shutil.rmtree(pack)
+    proc = evidence(env, tmp_path / "work" / "ev2", 2000, PACK=str(pack), STEPS="tune")
+    assert proc.returncode == 1 and "| tune | failed (exit 1) |" in (pack / "evidence.md").read_text()
+    assert f"report --results {tmp_path}/work/ev2/tune --out" in log.read_text()  # its report whatever tune's exit
+    assert (pack / "evidence.tgz").stat().st_size > 0
 
 
 def test_from_and_steps_choose_the_steps_and_bad_input_is_one_line(tmp_path):
