@@ -396,6 +396,41 @@ def test_each_rank_is_bound_to_the_cpus_near_its_gpu_on_two_numa_nodes(two_numa_
     assert two_numa_nodes == {}
 
 
+def test_a_bound_rank_runs_its_share_of_the_cpus_it_is_bound_to(two_numa_nodes):
+    """The launcher shares the cores over the ranks as if they spread over every CPU (14 allowed here); bound to its
+    GPU's NUMA node, a rank runs at most its share of that node's CPUs, shared with the ranks whose GPUs sit there.
+    Before: single@1 ran 14 threads on the 6 CPUs it was bound to, and two ranks on GPUs 0 and 1 ran 7 each there."""
+    from bench.rank.affinity import bind, bound_threads
+
+    gpu = [torch.device("cuda", i) for i in range(4)]
+    assert bind(gpu[:1])["cpus"] == "2-7"
+    assert bound_threads(14, "2-7", gpu[:1], local_ranks=1) == 6  # single@1: the node's 6 CPUs
+    assert bound_threads(7, "2-7", gpu[:1], local_ranks=2) == 3  # GPUs 0 and 1 share that node
+    assert bound_threads(3, "8-15", gpu[2:3], local_ranks=4) == 3  # 4 ranks, 2 a node: 8 // 2 = 4, the launcher's 3
+    assert bound_threads(14, "2-15", gpu, local_ranks=1) == 14  # DataParallel: one process near every GPU
+    assert bound_threads(3, "2-7", gpu[:1], local_ranks=4, per_gpu=2) == 1  # --ranks-per-gpu 2: 4 ranks on GPUs 0-1
+    assert bound_threads(14, None, gpu[:1], local_ranks=1) == 14  # not bound: the launcher's share stands
+
+
+def test_a_rank_of_a_cuda_run_is_bound_and_runs_that_many_threads_and_says_so(two_numa_nodes, monkeypatch):
+    """What bench/rank/train.py calls after set-up: rank 1 of ddp at 2 GPUs (GPUs 0 and 1, one node) is bound to
+    CPUs 2-7 and runs 3 threads, which its spec (and so its record's threads_per_rank) says; with --no-bind, the
+    launcher's 7."""
+    from bench.core.config import RunConfig
+    from bench.rank import affinity
+
+    set_to = []
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)
+    cfg = RunConfig(backend="ddp", launcher="torchrun", world_size=2, device_type="cuda", model="resnet50", image_size=224,
+                    batch_size=64, warmup=2, steps=2, windows=2)
+    spec = {"threads_per_rank": 7}
+    assert affinity.bind_rank(spec, cfg, [torch.device("cuda", 1)]) == {"cpus": "2-7", "reason": None}
+    assert (set_to, spec["threads_per_rank"]) == ([3], 3)
+    spec = {"threads_per_rank": 7, "bind_cpus": False}
+    assert affinity.bind_rank(spec, cfg, [torch.device("cuda", 1)]) == {"cpus": None, "reason": "--no-bind"}
+    assert (set_to, spec["threads_per_rank"]) == ([3], 7)
+
+
 def test_no_binding_on_one_numa_node_or_without_nvml_and_the_record_says_why(two_numa_nodes, monkeypatch):
     from bench.rank import affinity
 
@@ -483,8 +518,9 @@ def test_each_launcher_s_command_and_environment_on_a_cuda_machine(monkeypatch, 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     py = sys.executable
     expected = {
-        # single and dp at 1 GPU with cudnn.benchmark on, and off: the baselines of dp's labelled variant
-        "single": [[py, "-m", "bench.rank", "--spec"]] * 2,
+        # single at 1 GPU: channels_last (the GPU default), and NCHW with cudnn.benchmark on and off: the baselines of
+        # dp's runs, which cannot honour the layout, and of its labelled variant
+        "single": [[py, "-m", "bench.rank", "--spec"]] * 3,
         "dp": [[py, "-m", "bench.rank", "--spec"]] * 4,  # 1 GPU; 2 GPUs with cudnn.benchmark on and off; 1 GPU off
         "ddp": [[py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", "bench.rank",
                  "--spec"] for n in (1, 2)],
