@@ -47,6 +47,53 @@ def bind(devices, enabled: bool = True) -> dict:
     return {"cpus": cpu_list(cpus), "reason": None}
 
 
+def bind_rank(spec: dict, cfg, devices) -> dict:
+    """A rank's binding (``bind``; ``spec["bind_cpus"]`` False: ``--no-bind``), then its intra-op threads cut to its
+    share of the CPUs it is bound to (``bound_threads``); ``spec["threads_per_rank"]`` then says what ran."""
+    import torch
+
+    binding = bind(devices, spec.get("bind_cpus", True))
+    threads = bound_threads(spec["threads_per_rank"], binding["cpus"], devices,
+                            1 if cfg.launcher == "inproc" else cfg.nproc_per_node,
+                            (cfg.options or {}).get("ranks_per_gpu") or 1)
+    if threads != spec["threads_per_rank"]:
+        torch.set_num_threads(threads)
+        spec["threads_per_rank"] = threads
+    return binding
+
+
+def bound_threads(threads: int, cpus: str | None, devices, local_ranks: int, per_gpu: int = 1) -> int:
+    """The intra-op threads of a rank that ``bind`` bound to ``cpus``: at most its share of them, shared with the other
+    ranks of this host whose GPUs are near the same CPUs. The launcher's share (the cores over the ranks) assumed the
+    ranks spread over every CPU; bound, single@1 would run a thread per core of both sockets on one socket's cores,
+    and two ranks whose GPUs sit on one socket twice as many threads as it has. ``local_ranks``: this host's ranks,
+    which use CUDA devices 0, 1, ... (``per_gpu`` ranks each: --ranks-per-gpu); DataParallel's one process drives every
+    GPU and shares its CPUs with no other rank. Unchanged where the rank was not bound or NVML cannot say."""
+    if cpus is None:
+        return threads
+    mine = len(_parse(cpus))
+    gpus = [d for d in devices if d.type == "cuda"]
+    sharing = 1
+    if len(gpus) == 1:
+        try:
+            with nvml.open() as n:
+                near = [n.cpu_affinity(cuda.nvml_index(i)) for i in range(max(1, local_ranks // max(1, per_gpu)))]
+                me = n.cpu_affinity(cuda.nvml_index(gpus[0].index))
+        except (nvml.Unavailable, RuntimeError):
+            return threads
+        sharing = max(1, per_gpu) * max(1, sum(1 for cpus_of in near if cpus_of == me))
+    return max(1, min(threads, mine // sharing))
+
+
+def _parse(cpus: str) -> set[int]:
+    """``"0-3,8"`` as ``{0, 1, 2, 3, 8}``: ``cpu_list``'s inverse."""
+    out: set[int] = set()
+    for part in cpus.split(","):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
 def cpu_list(cpus) -> str:
     """``{0, 1, 2, 3, 8}`` as ``"0-3,8"`` (taskset's and Slurm's notation)."""
     out, run = [], []

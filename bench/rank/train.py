@@ -44,7 +44,7 @@ def run(spec: dict) -> None:
     backend = backends.create(cfg.backend)
     backend.setup(cfg)
     hosts = check_fingerprints(backend, cfg, spec)  # before any timed work: every rank runs the same thing
-    binding = affinity.bind(backend.devices(), spec.get("bind_cpus", True))  # near its GPU (bench/rank/affinity.py)
+    binding = affinity.bind_rank(spec, cfg, backend.devices())  # near its GPU, its threads its share there
     departures = backend.departures(cfg)  # where it departs from its library's defaults (docs/backends.md, The rule)
     fault.install(backend)
     backend.batches = data.batches_for(cfg, backend)
