@@ -14,7 +14,8 @@
 # first (bench keeps what finished), then SIGKILL. Every step's output is in OUT/<step>.log, and OUT/evidence.md says
 # what was reached and how each step ended; the last line says how to go on from there. With PACK=DIR, DIR gets two
 # files at the end, whatever ended it: evidence.md and evidence.tgz (OUT whole, the Horovod build's log and a baseline
-# written to results/baselines): what a lent machine's $OUT returns (8 files at most, 2 folders deep).
+# written to results/baselines; without the traces where it would pass 16 MB): what a lent machine's $OUT returns (8
+# files at most, 2 folders deep, 16 MiB each).
 # Usage: scripts/gpu_evidence.sh OUT [BUDGET_S]   (default 480: one 10-minute call of the device tool, the install too)
 # Env:   PY (default <repo>/.venv/bin/python)   STEPS (default: horovod,tune,parity,baseline)   FROM (a step to start
 #        at: the steps before it are left out)   PACK (a folder for the two files)   MAKE (default make; TORCH, WHEELS,
@@ -70,10 +71,10 @@ step_horovod() {  # the doctor stops itself at its budget; the timeout only guar
     FULL=1 PY="$PY" ARGS="--backends horovod --budget-s $budget --results $OUT/horovod"
 }
 step_tune() {  # its report whatever tune's exit (3: a disturbed trial, 1: a failed one)
-  local budget; budget=$(min 540 $(( $1 - 150 )))
+  local budget; budget=$(min 540 $(( $1 - 190 )))  # the report's minute: a fresh machine's first matplotlib import
   run tune $(( budget + 60 )) "$PY" -m bench tune --preset gpu-best --budget-s "$budget" --results "$OUT/tune"
   local rc=$?
-  run tune 20 "$PY" -m bench report --results "$OUT/tune" --out "$OUT/tune/report" || true
+  run tune 60 "$PY" -m bench report --results "$OUT/tune" --out "$OUT/tune/report" || true
   return "$rc"
 }
 step_parity() {
@@ -96,9 +97,15 @@ pack() {
   if [[ -d "$baselines" ]]; then  # a baseline this run wrote, to commit
     find "$baselines" -name '*.json' -newer "$STARTED" -exec sh -c 'mkdir -p "$0" && cp "$@" "$0"' "$OUT/baselines" {} +
   fi
-  mkdir -p "$PACK" && cp "$SUMMARY" "$PACK/evidence.md" &&
-    tar czf "$PACK/evidence.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" &&
-    echo "gpu_evidence: packed $PACK/evidence.md and $PACK/evidence.tgz" >&2
+  if ! { mkdir -p "$PACK" && cp "$SUMMARY" "$PACK/evidence.md" &&
+          tar czf "$PACK/evidence.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; }; then
+    echo "gpu_evidence: could not pack into $PACK" >&2; return 1
+  fi
+  if (( $(stat -c %s "$PACK/evidence.tgz") > ${PACK_MAX_BYTES:-16000000} )); then  # the device tool's 16 MiB a file
+    tar czf "$PACK/evidence.tgz" --exclude='*.trace.json.gz' -C "$(dirname "$OUT")" "$(basename "$OUT")"
+    echo "gpu_evidence: evidence.tgz was over ${PACK_MAX_BYTES:-16000000} bytes: packed again without the traces" >&2
+  fi
+  echo "gpu_evidence: packed $PACK/evidence.md and $PACK/evidence.tgz" >&2
 }
 trap pack EXIT
 wrote() {

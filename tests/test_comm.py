@@ -129,7 +129,9 @@ def test_predict_and_the_report_read_a_channels_last_sweep(tmp_path, capsys):
 
     cl = {"channels_last": True}
     raw = write(tmp_path, make("single", 1, 100.0, device="cpu", model="resnet18", options=cl),
-                make("ddp", 2, 150.0, device="cpu", model="resnet18", options=cl))
+                make("ddp", 2, 150.0, device="cpu", model="resnet18", options=cl),
+                # a cuDNN-off single@1 (dp's variant's baseline) is not mixed into the default's throughput
+                make("single", 1, 50.0, device="cpu", model="resnet18", options=cl, cudnn_benchmark=False))
     _collectives_record(raw)
     with pytest.raises(SystemExit) as e:
         cli.main(["predict", "--results", str(raw), "--world-sizes", "2"])

@@ -57,7 +57,7 @@ def test_every_step_in_order_of_value_each_under_its_own_timeout_everything_unde
         f"--results {out}/horovod",
         "timeout --signal=INT --kill-after=30 600",
         f"python -m bench tune --preset gpu-best --budget-s 540 --results {out}/tune",
-        "timeout --signal=INT --kill-after=30 20",
+        "timeout --signal=INT --kill-after=30 60",
         f"python -m bench report --results {out}/tune --out {out}/tune/report",
         "timeout --signal=INT --kill-after=30 150",
         f"python -m bench run --backends single,fsdp2 --gpus 1 --device cuda --model resnet50 --precision bf16 "
@@ -98,13 +98,13 @@ def test_the_budget_decides_what_is_reached_and_a_step_at_its_limit_is_stopped_n
     assert summary.splitlines()[-2:] == [
         summary.splitlines()[-2], f"go on with: make gpu-evidence OUT={out} FROM=horovod"]
     assert summary.splitlines()[-2].startswith("reached: parity baseline; not reached: horovod tune; ")
-    # tune alone at 400 s: its preset's budget is what is left less 150 s (its limit 60 s beyond, the report 20 s, each
+    # tune alone at 400 s: its preset's budget is what is left less 190 s (its limit 60 s beyond, the report 60 s, each
     # stopped command's 30 s)
     (tmp_path / "t").mkdir()
     env, log = stand_ins(tmp_path / "t")
     proc = evidence(env, tmp_path / "t" / "out", 400, STEPS="tune")
     calls = log.read_text()
-    assert proc.returncode == 0 and "--budget-s 250 --results" in calls and "kill-after=30 310\n" in calls, calls
+    assert proc.returncode == 0 and "--budget-s 210 --results" in calls and "kill-after=30 270\n" in calls, calls
 
 
 def test_pack_gets_the_summary_and_everything_in_two_files_whatever_ended_the_script(tmp_path):
@@ -131,6 +131,13 @@ def test_pack_gets_the_summary_and_everything_in_two_files_whatever_ended_the_sc
     assert proc.returncode == 1 and "| tune | failed (exit 1) |" in (pack / "evidence.md").read_text()
     assert f"report --results {tmp_path}/work/ev2/tune --out" in log.read_text()  # its report whatever tune's exit
     assert (pack / "evidence.tgz").stat().st_size > 0
+    # over the device tool's 16 MiB a file: packed again without the traces
+    (tmp_path / "work" / "ev2" / "tune" / "logs").mkdir(parents=True)
+    (tmp_path / "work" / "ev2" / "tune" / "logs" / "r.rank0.trace.json.gz").write_bytes(os.urandom(4000))
+    proc = evidence(env, tmp_path / "work" / "ev2", 2000, PACK=str(pack), STEPS="tune", PACK_MAX_BYTES="3000")
+    assert "packed again without the traces" in proc.stderr, proc.stderr
+    with tarfile.open(pack / "evidence.tgz") as tar:
+        assert not [n for n in tar.getnames() if n.endswith(".trace.json.gz")] and "ev2/tune.log" in tar.getnames()
 
 
 def test_from_and_steps_choose_the_steps_and_bad_input_is_one_line(tmp_path):

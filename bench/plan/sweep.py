@@ -451,9 +451,12 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
     def settings(c):
         return frozenset((k, v) for k, v in c.options.items() if k in shared and v not in (None, False))
 
+    def runs(c):  # a run that will run here (one skipped before launch has nothing to divide)
+        return (loader_unavailable(c) or backends.create(c.backend).unavailable(c)) is None
+
     if 1 in sizes and cudnn is None:
         planned = {(c.backend, c.world_size, c.precision, c.cudnn_benchmark, settings(c)) for c in configs}
-        for c in [c for c in configs if c.world_size > 1 and c.cudnn_benchmark is False]:  # on is the default
+        for c in [c for c in configs if c.world_size > 1 and c.cudnn_benchmark is False and runs(c)]:  # on: default
             for name in dict.fromkeys((c.backend, backends.BASELINE)):
                 if name in names and (name, 1, c.precision, c.cudnn_benchmark, settings(c)) not in planned:
                     setting = f"cudnn.benchmark {'on' if c.cudnn_benchmark else 'off'}"
@@ -462,7 +465,7 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
                     planned.add((name, 1, c.precision, c.cudnn_benchmark, settings(c)))
     baselines = {(c.precision, c.cudnn_benchmark, settings(c)) for c in configs
                  if c.backend == backends.BASELINE and c.world_size == 1}
-    for c in [c for c in configs if c.world_size > 1]:
+    for c in [c for c in configs if c.world_size > 1 and runs(c)]:
         want = (c.precision, c.cudnn_benchmark, settings(c))
         # only where single@1 runs at this precision and cuDNN setting in another layout: the sweep's own baseline rules
         # decide whether there is one at all

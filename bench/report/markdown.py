@@ -91,7 +91,8 @@ def render(summary, out: Path, src: Path, skipped: list[str]) -> tuple[str, list
             md += [f"### {title}", "", "**1. Throughput**", "", thr, "", "**2. Scaling efficiency**", "",
                    f"Efficiency = thr(backend, N) / (N × thr(baseline, 1)). *vs single@1*: baseline `{BASELINE}` at "
                    "world size 1 with the same model, image size, precision, per-device batch, data and hardware "
-                   "(backend options not matched). *vs own@1*: the same backend and options at world size 1. "
+                   "and the same workload settings it shares with every backend (channels_last, `--compile`, ...) and cuDNN setting "
+                   "(a backend's own options not matched). *vs own@1*: the same backend and options at world size 1. "
                    "An empty cell means that baseline is not in these records. Runs over several nodes (`k nodes × m`) also "
                    "show *intra-node* efficiency (the same backend on one node at m, vs own@1) and *inter-node* "
                    "efficiency (thr / (k × thr of that one-node run)): what crossing the network costs.", "",

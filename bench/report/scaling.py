@@ -83,7 +83,8 @@ def inputs(results_dir: Path, warn, unsized: bool = False) -> list[dict]:
     # single@1 at its defaults (the sweep's shared settings, the GPU sweep's channels_last say, are its defaults too),
     # one input per layout: the runs beside it that share its settings and are their backends' defaults
     keys = {tuple(r.get(k) for k in fields) + (results.hardware(r), workload_options(r)): r for r in recs
-            if r["backend"] == "single" and r["world_size"] == 1 and r["device_type"] in curves and plain(r)}
+            if r["backend"] == "single" and r["world_size"] == 1 and r["device_type"] in curves and plain(r)
+            and r.get("cudnn_benchmark") in (True, None)}  # cuDNN's default: a variant off is not mixed in
     out = []
     for (*values, hw, shared), base in keys.items():
         key = dict(zip(fields, values))
@@ -92,7 +93,8 @@ def inputs(results_dir: Path, warn, unsized: bool = False) -> list[dict]:
             warn(f"no prediction for {key['model']}: {source}")
             continue
         same = [x for x in recs if all(x.get(k) == v for k, v in key.items())
-                and results.hardware(x) == hw and plain(x) and workload_options(x) == shared]
+                and results.hardware(x) == hw and plain(x) and workload_options(x) == shared
+                and x.get("cudnn_benchmark") in (True, None)]
         thr = stats.summarise_runs([stats.record_throughputs(x) for x in same if x["backend"] == "single"])["median"]
         measured, disturbed = {}, {}
         for x in same:
