@@ -39,6 +39,13 @@ DS_OVERLAP = {  # stages 1-2, where DeepSpeed's defaults differ from stage 3's
                                       "at stages 1-2, on at 3)",
     "zero_optimization.compute_grad_norm": "the global norm exists for clipping, which is off",
 }
+DS12_DEPARTS = {**DS_DEPARTS, **DS_OVERLAP}
+FSDP2_DEPARTS = {"reshard_after_forward": "torchtitan's apply_fsdp: every block but the last reshards after forward "
+                                          "(backward needs the last first, and FSDP2 would all-gather it again at "
+                                          "once); at world size 1 none does (a one-rank shard is the whole parameter)"}
+DDP_ZERO_DEPARTS = {"zero.parameters_as_bucket_view": "the default broadcasts each updated parameter on its own (161 "
+                                                      "broadcasts a step for ResNet-50); the bucket view sends one "
+                                                      "flat buffer per rank, as DDP's buckets do"}
 
 REGISTRY: dict[str, dict] = {
     "single": {"cls": "backends.single:Single", "launcher": "inproc"},
@@ -47,22 +54,14 @@ REGISTRY: dict[str, dict] = {
     "ddp_spawn": {"cls": "backends.ddp:DDP", "launcher": "spawn"},
     "ddp_amp_syncbn": {"cls": "backends.ddp_amp_syncbn:DDPAmpSyncBN", "launcher": "torchrun"},
     "horovod": {"cls": "backends.horovod:Horovod", "launcher": "horovodrun"},
-    "fsdp2": {"cls": "backends.fsdp2:FSDP2", "launcher": "torchrun",
-              "departs": {"reshard_after_forward": "torchtitan's apply_fsdp: every block but the last reshards after "
-                                                   "forward (backward needs the last first, and FSDP2 would all-gather "
-                                                   "it again at once); at world size 1 none does (a one-rank shard is "
-                                                   "the whole parameter)"}},
+    "fsdp2": {"cls": "backends.fsdp2:FSDP2", "launcher": "torchrun", "departs": FSDP2_DEPARTS},
     "ds_zero1": {"cls": "backends.deepspeed_zero:DeepSpeedZero", "launcher": "torchrun", "stage": 1,
-                 "departs": {**DS_DEPARTS, **DS_OVERLAP}},
+                 "departs": DS12_DEPARTS},
     "ds_zero2": {"cls": "backends.deepspeed_zero:DeepSpeedZero", "launcher": "torchrun", "stage": 2,
-                 "departs": {**DS_DEPARTS, **DS_OVERLAP}},
+                 "departs": DS12_DEPARTS},
     "ds_zero3": {"cls": "backends.deepspeed_zero:DeepSpeedZero", "launcher": "torchrun", "stage": 3,
                  "departs": DS_DEPARTS},
-    "ddp_zero": {"cls": "backends.ddp_zero:DDPZero", "launcher": "torchrun",
-                 "departs": {"zero.parameters_as_bucket_view": "the default broadcasts each updated parameter on its "
-                                                               "own (161 broadcasts a step for ResNet-50); the bucket "
-                                                               "view sends one flat buffer per rank, as DDP's buckets "
-                                                               "do"}},
+    "ddp_zero": {"cls": "backends.ddp_zero:DDPZero", "launcher": "torchrun", "departs": DDP_ZERO_DEPARTS},
     "allreduce_manual": {"cls": "backends.allreduce_manual:AllReduceManual", "launcher": "torchrun"},
 }
 
