@@ -7,6 +7,7 @@ under mp.spawn), as Lightning Fabric does with its strategies.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING
 
@@ -99,6 +100,19 @@ def environment(names) -> dict:
     for cls in dict.fromkeys(backend_class(n) for n in names):
         out.update(cls.environment())
     return out
+
+
+@functools.cache
+def shared_keys() -> frozenset:
+    """The options that are settings of the workload rather than of one backend: the knobs the baseline declares too
+    (channels_last, --compile, activation checkpointing, the optimizer's implementation)."""
+    return frozenset(k.key for k in backend_class(BASELINE).knobs)
+
+
+def shared_settings(options: dict | None) -> dict:
+    """Those of ``options`` that are switched on: what a run's single@1 baseline must run with too (the planner plans
+    it, the report matches it)."""
+    return {k: v for k, v in (options or {}).items() if k in shared_keys() and v not in (None, False)}
 
 
 def departs(name: str) -> dict[str, str]:

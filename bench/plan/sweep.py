@@ -446,10 +446,10 @@ def _plan_workload(args, model: str | None, several: bool = False) -> tuple[list
     # two cuDNN settings in one efficiency.
     # Likewise the workload's shared settings (report/common.py workload_options): dp runs NCHW under the GPU sweep's
     # channels_last default, so its efficiency divides by a single@1 in NCHW, planned here, never by the NHWC one.
-    shared = {k.key for k in backends.create(backends.BASELINE).knobs}
+    shared = backends.shared_keys()
 
     def settings(c):
-        return frozenset((k, v) for k, v in c.options.items() if k in shared and v not in (None, False))
+        return frozenset(backends.shared_settings(c.options).items())
 
     def runs(c):  # a run that will run here (one skipped before launch has nothing to divide)
         return (loader_unavailable(c) or backends.create(c.backend).unavailable(c)) is None

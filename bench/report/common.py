@@ -146,28 +146,23 @@ def options_of(r: dict) -> dict:
     return o if isinstance(o, dict) else json.loads(o or "{}")
 
 
-def _shared_keys() -> frozenset:
-    """The knobs the baseline declares (channels_last, --compile, activation checkpointing, the optimizer's
-    implementation): settings of the workload that every backend may run with, not one backend's knob."""
+def workload_options(r: dict) -> str:
+    """The settings of the workload ``r`` ran with that single has too (``backends.shared_settings``), as sorted JSON
+    ("{}": none). A throughput divides by single@1's only where these agree: the GPU sweep runs ResNet-50
+    channels_last, and dp NCHW beside it (it cannot honour the layout), so dp's efficiency needs a single@1 in NCHW,
+    which the planner adds."""
     import backends
 
-    return frozenset(k.key for k in backends.backend_class(BASELINE).knobs)
-
-
-def workload_options(r: dict) -> str:
-    """The settings of the workload ``r`` ran with that single has too, as sorted JSON ("{}": none). A throughput
-    divides by single@1's only where these agree: the GPU sweep runs ResNet-50 channels_last, and dp NCHW beside it
-    (it cannot honour the layout), so dp's efficiency needs a single@1 in NCHW, which the planner adds."""
-    shared = _shared_keys()
-    return json.dumps({k: v for k, v in options_of(r).items() if k in shared and v not in (None, False)},
-                      sort_keys=True)
+    return json.dumps(backends.shared_settings(options_of(r)), sort_keys=True)
 
 
 def plain(r: dict) -> bool:
     """Whether ``r`` runs its backend at its defaults: no option but the workload's shared settings (so single@1 of the
     GPU sweep's channels_last ResNet-50 is plain, and ddp with --ddp-bucket-mb 5 is not)."""
-    shared = _shared_keys()
-    return all(k in shared or v in (None, False) for k, v in options_of(r).items())
+    import backends
+
+    on = {k: v for k, v in options_of(r).items() if v not in (None, False)}
+    return on == backends.shared_settings(on)
 
 
 def groups(rows: list[dict], keys: tuple) -> list[tuple[tuple, list[dict]]]:
